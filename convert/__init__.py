@@ -1,0 +1,1 @@
+"""Checkpoint converters: `python -m convert.llada SRC OUT`."""

@@ -1,0 +1,245 @@
+"""The LLaDA transformer in Flax Linen.
+
+A Llama block with bidirectional attention: RMSNorm -> attention with RoPE -> residual,
+RMSNorm -> SwiGLU -> residual; final RMSNorm and an untied LM head.
+
+Why Linen: parameters are a plain pytree, so Orbax saves and restores them as-is, `pmap`
+replicates them and `lax.while_loop` closes over them without any split/merge step, and
+`nn.scan` stacks the layers ([n_layers, ...] leaves) so compile time does not grow with depth.
+
+Precision: weights and matmuls in the parameter dtype (bf16 by default); RMSNorm, RoPE and
+the attention softmax in fp32; logits returned in fp32.
+
+Boundary functions (all pure):
+  forward(params, tokens, mask, config)            -> logits [B, L, V]
+  trunk(params, tokens, positions, key_mask, ...)  -> hidden [B, L, D] (+ per-layer K/V)
+  trunk_cached(...)                                 -> hidden for a window of queries that
+                                                       read the other positions' K/V from a cache
+  head(params, hidden)                              -> logits for only the positions given
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from localleap_jax.config import ModelConfig
+
+Params = dict  # the Linen parameter tree: {"wte", "blocks", "ln_f", "ff_out"}
+
+
+class KVCache(NamedTuple):
+    """Keys and values of every layer at every canvas position (after RoPE)."""
+
+    k: Float[Array, "N B L K H"]
+    v: Float[Array, "N B L K H"]
+
+
+class CacheWrite(NamedTuple):
+    """Where a window of queries sits in the canvas, and which of its K/V replace the cache."""
+
+    start: Int[Array, "B"]  # canvas index of the window's first position, per row
+    fresh: Bool[Array, "B Q"]  # True: use this step's K/V at that position; False: keep the cache
+
+
+# ---------------------------------------------------------------- pure building blocks
+
+
+def rms_norm(x: Float[Array, "... D"], scale: Float[Array, "D"], eps: float) -> Float[Array, "... D"]:
+    # Normalise in fp32 and scale in the input dtype, as LLaDA (and HF Llama) do.
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    return scale * x32.astype(x.dtype)
+
+
+def rope(x: Float[Array, "B T N H"], positions: Int[Array, "B T"], theta: float) -> Float[Array, "B T N H"]:
+    """Rotate-half (NeoX-style) rotary embedding computed in fp32."""
+    head_dim = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
+    angles = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, H]
+    x32 = x.astype(jnp.float32)
+    x1, x2 = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def attention_implementation(dtype_name: str, head_dim: int) -> str:
+    """'cudnn' where a probe compile on this GPU accepts our dtype/head size/mask, else 'xla'.
+
+    Override with LOCALLEAP_ATTENTION=xla|cudnn.
+    """
+    forced = os.environ.get("LOCALLEAP_ATTENTION")
+    if forced in ("xla", "cudnn"):
+        return forced
+    if jax.default_backend() != "gpu" or dtype_name not in ("bfloat16", "float16") or head_dim > 128:
+        return "xla"
+    q = jax.ShapeDtypeStruct((1, 64, 2, head_dim), jnp.dtype(dtype_name))
+    m = jax.ShapeDtypeStruct((1, 1, 1, 64), jnp.bool_)
+    probe = jax.jit(functools.partial(jax.nn.dot_product_attention, implementation="cudnn"))
+    try:
+        probe.lower(q, q, q, mask=m).compile()
+        return "cudnn"
+    except Exception:  # cuDNN missing, too old, or this shape/dtype unsupported
+        return "xla"
+
+
+def attention(q: Float[Array, "B T N H"], k: Float[Array, "B S K H"], v: Float[Array, "B S K H"],
+              key_mask: Bool[Array, "B S"]) -> Float[Array, "B T N H"]:
+    """Bidirectional attention; padding keys are masked out (softmax in fp32)."""
+    impl = attention_implementation(jnp.dtype(q.dtype).name, q.shape[-1])
+    return jax.nn.dot_product_attention(q, k, v, mask=key_mask[:, None, None, :], implementation=impl)
+
+
+def positions_from_mask(mask: Bool[Array, "B L"]) -> Int[Array, "B L"]:
+    """RoPE positions that start at 0 on each row's first real token (left padding ignored)."""
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
+
+
+# ---------------------------------------------------------------- Linen modules
+
+_init = nn.initializers.normal(stddev=0.02)
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+        return rms_norm(x, scale.astype(x.dtype), self.eps)
+
+
+class Block(nn.Module):
+    """One LLaDA (Llama-style) block. Returns (x, (k, v)) so the layer scan can stack K/V."""
+
+    config: ModelConfig
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, positions, key_mask, write, layer_cache):
+        c = self.config
+        dense = functools.partial(nn.Dense, use_bias=False, kernel_init=_init,
+                                  param_dtype=self.param_dtype, dtype=x.dtype)
+        B, T, _ = x.shape
+        h = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype, name="attn_norm")(x)
+        q = dense(c.n_heads * c.head_dim, name="q_proj")(h).reshape(B, T, c.n_heads, c.head_dim)
+        k = dense(c.n_kv_heads * c.head_dim, name="k_proj")(h).reshape(B, T, c.n_kv_heads, c.head_dim)
+        v = dense(c.n_kv_heads * c.head_dim, name="v_proj")(h).reshape(B, T, c.n_kv_heads, c.head_dim)
+        q, k = rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta)
+        if layer_cache:  # queries are a window of the canvas; the other keys come from the cache
+            k_all, v_all = (_write_window(cached, new, write) for cached, new in zip(layer_cache, (k, v)))
+        else:
+            k_all, v_all = k, v
+        o = attention(q, k_all, v_all, key_mask).reshape(B, T, c.n_heads * c.head_dim)
+        x = x + dense(c.d_model, name="attn_out")(o)
+        h = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype, name="ff_norm")(x)
+        gated = nn.silu(dense(c.mlp_hidden_size, name="ff_proj")(h)) * dense(c.mlp_hidden_size, name="up_proj")(h)
+        x = x + dense(c.d_model, name="ff_out")(gated)
+        return x, (k, v)
+
+
+def _write_window(cache: Float[Array, "B L K H"], new: Float[Array, "B Q K H"], write: CacheWrite):
+    """The cache with this step's K/V written over the window positions marked fresh."""
+    def one_row(cache_row, new_row, start, fresh):
+        old = jax.lax.dynamic_slice_in_dim(cache_row, start, new_row.shape[0], axis=0)
+        merged = jnp.where(fresh[:, None, None], new_row.astype(cache_row.dtype), old)
+        return jax.lax.dynamic_update_slice_in_dim(cache_row, merged, start, axis=0)
+    return jax.vmap(one_row)(cache, new, write.start, write.fresh)
+
+
+class LMHead(nn.Module):
+    """Untied output projection; accumulates and returns fp32 logits."""
+
+    vocab: int
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, h):
+        kernel = self.param("kernel", _init, (h.shape[-1], self.vocab), self.param_dtype)
+        return jnp.einsum("...d,dv->...v", h, kernel.astype(h.dtype), preferred_element_type=jnp.float32)
+
+
+class LLaDA(nn.Module):
+    config: ModelConfig
+    param_dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        c = self.config
+        self.wte = nn.Embed(c.embedding_size, c.d_model, embedding_init=_init, param_dtype=self.param_dtype)
+        self.blocks = nn.scan(
+            Block,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
+            length=c.n_layers,
+        )(c, self.param_dtype)
+        self.ln_f = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype)
+        self.ff_out = LMHead(c.embedding_size, param_dtype=self.param_dtype)
+
+    def __call__(self, tokens, positions, key_mask):
+        h, _ = self.trunk(tokens, positions, key_mask)
+        return self.head(h)
+
+    def trunk(self, tokens, positions, key_mask, write=(), cache=()):
+        x = self.wte(tokens)
+        return self.blocks(x, positions, key_mask, write, cache)
+
+    def head(self, h):
+        return self.ff_out(self.ln_f(h))
+
+
+# ---------------------------------------------------------------- pure boundary functions
+
+
+def _module(params: Params, config: ModelConfig) -> LLaDA:
+    return LLaDA(config, param_dtype=params["wte"]["embedding"].dtype)
+
+
+def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32) -> Params:
+    """Random LLaDA parameters (N(0, 0.02) matrices, unit norms), for training and tests."""
+    tokens = jnp.zeros((1, 2), jnp.int32)
+    mask = jnp.ones((1, 2), bool)
+    variables = jax.jit(LLaDA(config, param_dtype=jnp.dtype(dtype)).init)(rng, tokens, positions_from_mask(mask), mask)
+    return variables["params"]
+
+
+def trunk(params: Params, tokens: Int[Array, "B L"], positions: Int[Array, "B L"], key_mask: Bool[Array, "B L"],
+          config: ModelConfig) -> tuple[Float[Array, "B L D"], KVCache]:
+    """Hidden states before the final norm, and every layer's K/V (for a KV cache)."""
+    h, (k, v) = _module(params, config).apply({"params": params}, tokens, positions, key_mask, method=LLaDA.trunk)
+    return h, KVCache(k, v)
+
+
+def trunk_cached(params: Params, tokens: Int[Array, "B Q"], positions: Int[Array, "B Q"],
+                 key_mask: Bool[Array, "B L"], cache: KVCache, write: CacheWrite,
+                 config: ModelConfig) -> Float[Array, "B Q D"]:
+    """Hidden states for a window of Q canvas positions whose queries attend over all L keys:
+    this step's K/V where `write.fresh`, the cache's everywhere else."""
+    h, _ = _module(params, config).apply({"params": params}, tokens, positions, key_mask, write,
+                                         (cache.k, cache.v), method=LLaDA.trunk)
+    return h
+
+
+def head(params: Params, hidden: Float[Array, "... D"], config: ModelConfig) -> Float[Array, "... V"]:
+    """Final RMSNorm + LM head, in fp32 logits, for only the positions passed in."""
+    return _module(params, config).apply({"params": params}, hidden, method=LLaDA.head)
+
+
+def forward(params: Params, tokens: Int[Array, "B L"], mask: Bool[Array, "B L"] | None,
+            config: ModelConfig) -> Float[Array, "B L V"]:
+    """Bidirectional logits for every position; `mask` marks real (non-padding) tokens."""
+    if mask is None:
+        mask = jnp.ones(tokens.shape, bool)
+    mask = mask.astype(bool)
+    h, _ = trunk(params, tokens, positions_from_mask(mask), mask, config)
+    return head(params, h, config)

@@ -1,0 +1,176 @@
+"""The independent PyTorch path: LLaDA run as transformers' Llama, and the published decode loops.
+
+Tests use it as the oracle and benchmarks as the baseline, so it deliberately shares no code
+with `model.py` or `decode.py`: weights come from LLaDA's own tensor names (not from the Flax
+tree), attention is made bidirectional with an all-ones 4D mask, and decoding is a plain
+Python loop per step in the style of LLaDA's `generate.py` (float64 softmax, top-k per row).
+
+Needs torch (`pip install -e .[test]`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+import numpy as np
+import torch
+
+_BLOCK = re.compile(r"model\.transformer\.blocks\.(\d+)\.(\w+)\.weight")
+_BLOCK_TO_LLAMA = {
+    "attn_norm": "input_layernorm",
+    "q_proj": "self_attn.q_proj",
+    "k_proj": "self_attn.k_proj",
+    "v_proj": "self_attn.v_proj",
+    "attn_out": "self_attn.o_proj",
+    "ff_norm": "post_attention_layernorm",
+    "ff_proj": "mlp.gate_proj",  # silu is applied to ff_proj
+    "up_proj": "mlp.up_proj",
+    "ff_out": "mlp.down_proj",
+}
+_TOP_TO_LLAMA = {
+    "model.transformer.wte.weight": "model.embed_tokens.weight",
+    "model.transformer.ln_f.weight": "model.norm.weight",
+    "model.transformer.ff_out.weight": "lm_head.weight",
+}
+
+
+def llama_state_dict(llada: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """LLaDA tensor names -> transformers LlamaForCausalLM names (both store Linear as [out, in])."""
+    out = {}
+    for name, t in llada.items():
+        if name in _TOP_TO_LLAMA:
+            out[_TOP_TO_LLAMA[name]] = t
+        elif m := _BLOCK.fullmatch(name):
+            out[f"model.layers.{m[1]}.{_BLOCK_TO_LLAMA[m[2]]}.weight"] = t
+        else:
+            raise KeyError(f"not a LLaDA tensor name: {name}")
+    return out
+
+
+def llama_from_llada(hf_config: Mapping, llada: Mapping[str, torch.Tensor], dtype=torch.float32,
+                     device: str = "cpu"):
+    """transformers' LlamaForCausalLM holding LLaDA's weights (run it with `bidirectional_logits`)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    d, nh = hf_config["d_model"], hf_config["n_heads"]
+    cfg = LlamaConfig(
+        vocab_size=hf_config.get("embedding_size") or hf_config["vocab_size"],
+        hidden_size=d,
+        intermediate_size=hf_config["mlp_hidden_size"],
+        num_hidden_layers=hf_config["n_layers"],
+        num_attention_heads=nh,
+        num_key_value_heads=hf_config.get("n_kv_heads") or nh,
+        rms_norm_eps=hf_config.get("rms_norm_eps", 1e-5),
+        rope_theta=hf_config.get("rope_theta", 10000.0),
+        max_position_embeddings=hf_config.get("max_sequence_length", 4096),
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
+    )
+    # transformers >= 5 reads rope_theta from rope_parameters; older versions from rope_theta.
+    if getattr(cfg, "rope_parameters", None) is not None:
+        cfg.rope_parameters = {"rope_type": "default", "rope_theta": float(cfg.rope_theta if hasattr(cfg, "rope_theta") else hf_config.get("rope_theta", 10000.0))}
+    cfg._attn_implementation = "sdpa"  # boolean 4D masks are honoured by SDPA (eager adds them as floats)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    state = {k: v.to(device=device, dtype=dtype) for k, v in llama_state_dict(llada).items()}
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+@torch.no_grad()
+def bidirectional_logits(model, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits [B, L, V] with every query seeing every real key (an all-ones 4D boolean mask)."""
+    B, L = ids.shape
+    if mask is None:
+        mask = torch.ones(B, L, dtype=torch.bool, device=ids.device)
+    mask = mask.bool()
+    attn = mask[:, None, None, :].expand(B, 1, L, L).clone()
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    return model(input_ids=ids, attention_mask=attn, position_ids=positions).logits
+
+
+@torch.no_grad()
+def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *, strategy: str,
+                   gen_length: int, block_length: int, mask_id: int, eos_id: int, eot_id: int | None = None,
+                   steps: int | None = None, kappa: float = 0.9, tau: float = 0.75, radius: int = 4,
+                   early_stop: bool = False, logits_eos_inf: bool = False,
+                   confidence_eos_eot_inf: bool = False, clauses: dict | None = None
+                   ) -> tuple[torch.Tensor, list[int]]:
+    """The published decoding loop, step by step in Python (LLaDA `generate.py` / Fast-dLLM style).
+
+    Rows of a batch move through blocks together, as in the published code; a row whose block is
+    full waits (no commits, no NFE). Per step: full bidirectional forward, float64 softmax,
+    then per row the rule as written in the paper:
+      low_confidence: the k most confident masked tokens, k from LLaDA's per-block schedule;
+      threshold:      the most confident, plus every masked token with p >= kappa;
+      localleap:      threshold, plus p >= tau within `radius` positions of a token with p >= kappa.
+    Returns (canvas [B, P+G], NFE per row). `clauses`, if given, counts commits by the clause of
+    the LocalLeap rule that first allowed them: "top1", "kappa", "tau_near_anchor".
+    """
+    B, P = ids.shape
+    if mask is None:
+        mask = torch.ones_like(ids, dtype=torch.bool)
+    x = torch.cat([ids, torch.full((B, gen_length), mask_id, dtype=ids.dtype, device=ids.device)], dim=1)
+    attn = torch.cat([mask.bool(), torch.ones(B, gen_length, dtype=torch.bool, device=ids.device)], dim=1)
+    num_blocks = gen_length // block_length
+    steps_per_block = (gen_length if steps is None else steps) // num_blocks
+    nfe = [0] * B
+    done = [False] * B
+    for b in range(num_blocks):
+        lo, hi = P + b * block_length, P + (b + 1) * block_length
+        # LLaDA's get_num_transfer_tokens: the block's masked count spread evenly, remainder first.
+        base, rem = divmod(block_length, steps_per_block)
+        quota = [base + (1 if i < rem else 0) for i in range(steps_per_block)]
+        step = 0
+        while any(not done[r] and (x[r, lo:hi] == mask_id).any() for r in range(B)):
+            logits = bidirectional_logits(model, x, attn).double()
+            if logits_eos_inf:
+                logits[:, :, eos_id] = -float("inf")
+            pred = logits.argmax(-1)
+            scored = logits.clone()
+            if confidence_eos_eot_inf:
+                scored[:, :, eos_id] = -float("inf")
+                if eot_id is not None:
+                    scored[:, :, eot_id] = -float("inf")
+            p = torch.softmax(scored, dim=-1)
+            conf = torch.gather(p, -1, pred[..., None])[..., 0]
+            for r in range(B):
+                cand = [j for j in range(lo, hi) if x[r, j] == mask_id] if not done[r] else []
+                if not cand:
+                    continue
+                nfe[r] += 1
+                c = {j: conf[r, j].item() for j in cand}
+                ranked = sorted(cand, key=lambda j: (-c[j], j))
+                if strategy == "low_confidence":
+                    chosen = set(ranked[:quota[step]])
+                elif strategy == "threshold":
+                    chosen = {ranked[0]} | {j for j in cand if c[j] >= kappa}
+                elif strategy == "localleap":
+                    anchors = [j for j in cand if c[j] >= kappa]
+                    near = {j for j in cand if c[j] >= tau and any(abs(j - a) <= radius for a in anchors)}
+                    chosen = {ranked[0]} | set(anchors) | near
+                else:
+                    raise ValueError(f"unknown strategy {strategy!r}")
+                for j in chosen:
+                    x[r, j] = pred[r, j]
+                    if clauses is not None:
+                        clause = "top1" if j == ranked[0] else "kappa" if c[j] >= kappa else "tau_near_anchor"
+                        clauses[clause] = clauses.get(clause, 0) + 1
+            step += 1
+        for r in range(B):
+            if done[r]:
+                continue
+            if b == num_blocks - 1:
+                done[r] = True
+            elif early_stop and (x[r, lo:hi] == eos_id).any():
+                x[r, hi:] = eos_id
+                done[r] = True
+    return x, nfe

@@ -1,0 +1,111 @@
+"""Shared fixtures: tiny random LLaDA-layout Hugging Face checkpoints built by the tests themselves."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the network
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+sys.path.insert(0, str(REPO / "experiments"))
+
+TOKENIZER_CORPUS = [
+    "Question: Mia has 3 apples. She buys 4 more. How many apples does Mia have?\nAnswer: 3 + 4 = <<3+4=7>>7\n#### 7",
+    "Question: Tom has 9 pens and gives 2 away. How many pens are left?\nAnswer: 9 - 2 = <<9-2=7>>7\n#### 7",
+    "The quick brown fox jumps over the lazy dog. 0 1 2 3 4 5 6 7 8 9",
+] * 20
+
+
+def tiny_hf_config(vocab: int, mask_id: int, eos_id: int, **overrides) -> dict:
+    cfg = {
+        "architectures": ["LLaDAModelLM"], "model_type": "llada", "auto_map": {"AutoModel": "modeling_llada.LLaDAModelLM"},
+        "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "n_layers": 3, "mlp_hidden_size": 96,
+        "vocab_size": vocab, "embedding_size": -(-vocab // 16) * 16, "max_sequence_length": 512,
+        "rope": True, "rope_theta": 10000.0, "rope_full_precision": True, "layer_norm_type": "rms",
+        "rms_norm_eps": 1e-5, "activation_type": "silu", "block_type": "llama", "alibi": False,
+        "include_bias": False, "include_qkv_bias": False, "weight_tying": False, "attention_layer_norm": False,
+        "scale_logits": False, "input_emb_norm": False, "mask_token_id": mask_id, "eos_token_id": eos_id,
+        "pad_token_id": eos_id,
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def random_llada_tensors(cfg: dict, seed: int = 0, head_scale: float = 1.0) -> dict:
+    """LLaDA-named torch tensors (fp32). `head_scale` sharpens the output so confidences spread over (0, 1)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    d, f, v = cfg["d_model"], cfg["mlp_hidden_size"], cfg["embedding_size"]
+    kv = cfg["n_kv_heads"] * (d // cfg["n_heads"])
+    rnd = lambda *s, std=0.05: torch.randn(*s, generator=g) * std  # noqa: E731
+    t = {
+        "model.transformer.wte.weight": rnd(v, d, std=1.0),
+        "model.transformer.ln_f.weight": 1 + rnd(d, std=0.1),
+        "model.transformer.ff_out.weight": rnd(v, d, std=0.05 * head_scale),
+    }
+    for i in range(cfg["n_layers"]):
+        b = f"model.transformer.blocks.{i}."
+        t |= {b + "attn_norm.weight": 1 + rnd(d, std=0.1), b + "ff_norm.weight": 1 + rnd(d, std=0.1),
+              b + "q_proj.weight": rnd(d, d, std=0.2), b + "k_proj.weight": rnd(kv, d, std=0.2),
+              b + "v_proj.weight": rnd(kv, d, std=0.2), b + "attn_out.weight": rnd(d, d, std=0.1),
+              b + "ff_proj.weight": rnd(f, d, std=0.1), b + "up_proj.weight": rnd(f, d, std=0.1),
+              b + "ff_out.weight": rnd(d, f, std=0.1)}
+    return t
+
+
+def write_hf_checkpoint(path: Path, cfg: dict, tensors: dict, tokenizer, *, n_shards: int = 2, dtype=None,
+                        index: bool = True) -> Path:
+    """Sharded safetensors + index + config.json + tokenizer files, as the hub lays LLaDA out."""
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    names = list(tensors)
+    weight_map = {}
+    for s in range(n_shards):
+        part = names[s::n_shards]
+        fname = f"model-{s + 1:05d}-of-{n_shards:05d}.safetensors"
+        save_file({k: tensors[k].to(dtype or torch.float32).contiguous() for k in part}, str(path / fname))
+        weight_map |= {k: fname for k in part}
+    if index:
+        (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (path / "config.json").write_text(json.dumps(cfg))
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from localleap_jax.tokenizer import make_tokenizer
+
+    return make_tokenizer(TOKENIZER_CORPUS, vocab_size=300)
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint(tmp_path_factory, tiny_tokenizer):
+    """(directory, hf_config, tensors): a 3-layer fp32 LLaDA-layout checkpoint in 2 shards."""
+    tok = tiny_tokenizer
+    cfg = tiny_hf_config(len(tok), tok.mask_token_id, tok.eos_token_id)
+    tensors = random_llada_tensors(cfg, seed=0)
+    path = write_hf_checkpoint(tmp_path_factory.mktemp("hf") / "tiny-llada", cfg, tensors, tok)
+    return path, cfg, tensors
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory, hf_checkpoint):
+    """The fp32 tiny checkpoint converted by convert.llada."""
+    from convert.llada import convert
+
+    out = tmp_path_factory.mktemp("conv") / "tiny"
+    convert(str(hf_checkpoint[0]), str(out), progress=False)
+    return out

@@ -1,0 +1,136 @@
+"""convert.llada: faithful conversion, and a clear error (with nothing left behind) for each bad input."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import localleap_jax as ll
+from conftest import REPO, random_llada_tensors, tiny_hf_config, write_hf_checkpoint
+from convert.llada import ConversionError, convert, main
+
+
+def test_bf16_source_converts_and_loads_in_either_dtype(tmp_path, hf_checkpoint):
+    src, cfg, tensors = hf_checkpoint
+    bf16 = write_hf_checkpoint(tmp_path / "bf16", cfg, tensors, _tok(src), n_shards=3, dtype=torch.bfloat16)
+    convert(str(bf16), str(tmp_path / "out"), progress=False)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["param_dtype"] == "bfloat16" and len(manifest["shards"]) == 3
+    assert all(len(s["sha256"]) == 64 for s in manifest["shards"])
+    m32 = ll.load(tmp_path / "out", dtype="float32")
+    # every weight is the source tensor, bf16-rounded, in the Flax layout
+    q = tensors["model.transformer.blocks.1.q_proj.weight"].to(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(np.asarray(m32.params["blocks"]["q_proj"]["kernel"][1]), q.T)
+    head = tensors["model.transformer.ff_out.weight"].to(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(np.asarray(m32.params["ff_out"]["kernel"]), head.T)
+    assert ll.load(tmp_path / "out").dtype == "bfloat16"
+
+
+def test_tokenizer_and_config_travel_with_the_checkpoint(converted, hf_checkpoint):
+    model = ll.load(converted, dtype="float32")
+    assert json.loads((converted / "config.json").read_text()) == hf_checkpoint[1]
+    assert model.tokenizer.mask_id == hf_checkpoint[1]["mask_token_id"]
+    assert model.tokenizer.chat("hi").startswith("<|startoftext|><|start_header_id|>user")
+
+
+def _tok(src):
+    from transformers import PreTrainedTokenizerFast
+    return PreTrainedTokenizerFast.from_pretrained(str(src))
+
+
+def _broken(tmp_path, hf_checkpoint, mutate, **write_kw):
+    src, cfg, tensors = hf_checkpoint
+    cfg, tensors = dict(cfg), dict(tensors)
+    mutate(cfg, tensors)
+    return write_hf_checkpoint(tmp_path / "src", cfg, tensors, _tok(src), **write_kw)
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda c, t: t.pop("model.transformer.blocks.2.up_proj.weight"), "missing: model.transformer.blocks.2.up_proj"),
+    (lambda c, t: t.update({"model.transformer.blocks.0.q_proj.bias": torch.zeros(64)}),
+     "unexpected: model.transformer.blocks.0.q_proj.bias"),
+    (lambda c, t: t.update({"model.transformer.blocks.1.k_proj.weight": torch.zeros(64, 32)}),
+     "wrong shape: model.transformer.blocks.1.k_proj.weight is [64, 32], config.json implies [64, 64]"),
+    (lambda c, t: c.update({"n_layers": 2}), "unexpected: model.transformer.blocks.2."),
+    (lambda c, t: c.update({"alibi": True}), "alibi"),
+    (lambda c, t: c.update({"include_bias": True, "weight_tying": True}), "include_bias, weight_tying"),
+    (lambda c, t: c.update({"block_type": "sequential"}), "block_type='sequential'"),
+])
+def test_bad_checkpoints_are_refused_by_name(tmp_path, hf_checkpoint, mutate, expected):
+    src = _broken(tmp_path, hf_checkpoint, mutate)
+    with pytest.raises(ConversionError, match=expected.replace("[", r"\[").replace("]", r"\]")):
+        convert(str(src), str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out").exists()
+    assert not list(tmp_path.glob(".out.partial-*"))
+
+
+def test_duplicate_tensor_across_shards_is_refused(tmp_path, hf_checkpoint):
+    from safetensors.torch import save_file
+    src = _broken(tmp_path, hf_checkpoint, lambda c, t: None, index=False)
+    save_file({"model.transformer.ln_f.weight": torch.ones(64)}, str(src / "model-extra.safetensors"))
+    with pytest.raises(ConversionError, match="duplicate: model.transformer.ln_f.weight"):
+        convert(str(src), str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_pickle_checkpoints_are_refused(tmp_path, hf_checkpoint):
+    src = _broken(tmp_path, hf_checkpoint, lambda c, t: None)
+    for f in src.glob("model*.safetensors*"):
+        f.unlink()
+    torch.save({"x": torch.zeros(1)}, src / "pytorch_model.bin")
+    with pytest.raises(ConversionError, match="pickle.*pytorch_model.bin"):
+        convert(str(src), str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_interrupted_conversion_leaves_nothing_loadable(tmp_path, hf_checkpoint):
+    src = _broken(tmp_path, hf_checkpoint, lambda c, t: None)
+    shard = sorted(src.glob("*.safetensors"))[-1]
+    shard.write_bytes(shard.read_bytes()[:-1000])  # truncated mid-download: fails after earlier shards were read
+    with pytest.raises(ConversionError, match="truncated"):
+        convert(str(src), str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["src"]
+
+
+def test_existing_output_is_not_overwritten(tmp_path, converted, hf_checkpoint):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert main([str(hf_checkpoint[0]), str(out), "--quiet"]) == 2
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_hub_id_without_network_fails_with_one_clear_line(tmp_path):
+    env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    r = subprocess.run([sys.executable, "-m", "convert.llada", "GSAI-ML/LLaDA-8B-Instruct", str(tmp_path / "o")],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("error: could not download GSAI-ML/LLaDA-8B-Instruct")
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("breakage, expected", [
+    (lambda d: shutil.rmtree(d), "does not exist"),
+    (lambda d: (d / "manifest.json").unlink(), "no manifest.json"),
+    (lambda d: (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()), "d_model": 32})),
+     r"wte'\]\['embedding'\] has shape \(304, 64\), config.json implies \(304, 32\)"),
+    (lambda d: (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()), "n_layers": 4})),
+     "has shape \\(3, 64\\), config.json implies \\(4, 64\\)"),
+])
+def test_load_names_what_is_wrong_with_a_checkpoint_dir(tmp_path, converted, breakage, expected):
+    d = tmp_path / "ck"
+    shutil.copytree(converted, d)
+    breakage(d)
+    with pytest.raises(ll.CheckpointError, match=expected):
+        ll.load(d)
+
+
+def test_load_refuses_an_unconverted_hf_directory(hf_checkpoint):
+    with pytest.raises(ll.CheckpointError, match="convert it first"):
+        ll.load(hf_checkpoint[0])

@@ -1,0 +1,153 @@
+"""generate() against the independent eager oracle (transformers Llama + the published per-step loop)."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+import localleap_jax as ll
+from localleap_jax import decode, reference_torch
+from localleap_jax.tokenizer import left_pad
+from conftest import random_llada_tensors, tiny_hf_config, write_hf_checkpoint
+
+
+@pytest.fixture(scope="module")
+def sharp(tmp_path_factory, tiny_tokenizer):
+    """A random model whose output head is scaled so confidences spread over (0, 1): (Model, torch oracle model)."""
+    from convert.llada import convert
+
+    tok = tiny_tokenizer
+    cfg = tiny_hf_config(len(tok), tok.mask_token_id, tok.eos_token_id, n_layers=2)
+    tensors = random_llada_tensors(cfg, seed=11, head_scale=20.0)
+    d = tmp_path_factory.mktemp("sharp")
+    convert(str(write_hf_checkpoint(d / "hf", cfg, tensors, tok)), str(d / "ck"), progress=False)
+    return ll.load(d / "ck", dtype="float32"), reference_torch.llama_from_llada(cfg, tensors)
+
+
+PROMPTS = [[5, 17, 42, 99, 7], [120, 3, 3, 250, 11, 64, 8, 31, 200], [77, 12, 150]]
+
+SETTINGS = [
+    dict(strategy="low_confidence", gen_length=16, block_length=8),
+    dict(strategy="low_confidence", gen_length=24, block_length=8, steps=12, early_stop=True),
+    dict(strategy="low_confidence", gen_length=12, block_length=12, steps=5),
+    dict(strategy="threshold", gen_length=24, block_length=8),
+    dict(strategy="threshold", gen_length=16, block_length=4, kappa=0.7, tau=0.7, early_stop=True),
+    dict(strategy="localleap", gen_length=24, block_length=8),
+    dict(strategy="localleap", gen_length=32, block_length=16, kappa=0.95, tau=0.5, radius=2),
+    dict(strategy="localleap", gen_length=24, block_length=12, kappa=0.8, tau=0.6, radius=1, early_stop=True),
+    dict(strategy="localleap", gen_length=16, block_length=8, radius=0),
+    dict(strategy="localleap", gen_length=16, block_length=8, logits_eos_inf=True),
+    dict(strategy="threshold", gen_length=16, block_length=8, confidence_eos_eot_inf=True, early_stop=True),
+]
+
+
+def _oracle(torch_model, model, prompt, setting, clauses=None):
+    kw = {k: v for k, v in setting.items() if k != "strategy"}
+    ids = torch.tensor([prompt])
+    x, nfe = reference_torch.eager_generate(
+        torch_model, ids, strategy=setting["strategy"], mask_id=model.config.mask_token_id,
+        eos_id=model.config.eos_token_id, eot_id=model.tokenizer.eot_id, clauses=clauses, **kw)
+    return x[0, len(prompt):].numpy(), nfe[0]
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
+def test_left_padded_batch_matches_the_eager_oracle_row_by_row(sharp, setting):
+    model, torch_model = sharp
+    ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
+    out = ll.generate(model, ids, mask, ll.DecodeConfig(**setting))
+    for r, prompt in enumerate(PROMPTS):
+        want_tokens, want_nfe = _oracle(torch_model, model, prompt, setting)
+        np.testing.assert_array_equal(out.tokens[r, out.prompt_length:], want_tokens, err_msg=f"row {r}")
+        assert out.nfe[r] == want_nfe, f"row {r}"
+    assert out.forward_passes == max(out.nfe)
+    assert (out.tokens[:, :out.prompt_length] == ids).all()
+
+
+def test_localleap_commits_through_all_three_clauses(sharp):
+    model, torch_model = sharp
+    clauses = {}
+    setting = dict(strategy="localleap", gen_length=32, block_length=16, kappa=0.9, tau=0.6, radius=3)
+    for prompt in PROMPTS:
+        _oracle(torch_model, model, prompt, setting, clauses)
+    print("commits by clause:", clauses)
+    assert clauses.get("top1", 0) > 0 and clauses.get("kappa", 0) > 0 and clauses.get("tau_near_anchor", 0) > 0
+
+
+def test_localleap_takes_fewer_steps_than_threshold_than_one_token(sharp):
+    model, _ = sharp
+    ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
+    nfe = {s: ll.generate(model, ids, mask, ll.DecodeConfig(strategy=s, gen_length=32, block_length=16, tau=0.5)).nfe
+           for s in ("low_confidence", "threshold", "localleap")}
+    assert (nfe["low_confidence"] == 32).all()
+    # Per step localleap commits a superset of threshold (tests/test_strategies.py); over a whole
+    # trajectory rows can diverge, so the claim here is about the total.
+    assert nfe["localleap"].sum() < nfe["threshold"].sum() < nfe["low_confidence"].sum()
+
+
+def test_sampling_needs_a_key_and_is_reproducible(sharp):
+    model, _ = sharp
+    ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
+    cfg = ll.DecodeConfig(strategy="threshold", gen_length=16, block_length=8, temperature=1.0)
+    with pytest.raises(ll.DecodeError, match="rng"):
+        ll.generate(model, ids, mask, cfg)
+    a = ll.generate(model, ids, mask, cfg, rng=jax.random.key(0))
+    b = ll.generate(model, ids, mask, cfg, rng=jax.random.key(0))
+    c = ll.generate(model, ids, mask, cfg, rng=jax.random.key(1))
+    greedy = ll.generate(model, ids, mask, dataclasses.replace(cfg, temperature=0.0))
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert (a.tokens != c.tokens).any() and (a.tokens != greedy.tokens).any()
+    assert (a.tokens[:, a.prompt_length:] != model.config.mask_token_id).all()
+
+
+def test_second_call_with_new_prompts_of_the_same_shape_compiles_nothing(sharp):
+    model, _ = sharp
+    cfg = ll.DecodeConfig(strategy="localleap", gen_length=16, block_length=8, prompt_bucket=16)
+    first = ll.generate(model, *left_pad([[1, 2, 3], [4, 5]], 0), cfg)
+    n = len(decode._COMPILED)
+    again = ll.generate(model, *left_pad([[9, 8, 7, 6, 5, 4], [3, 2, 1, 9]], 0), cfg)  # other lengths, same bucket
+    assert len(decode._COMPILED) == n and again.compile_seconds == 0.0 and first.tokens.shape[0] == 2
+    ll.generate(model, *left_pad([list(range(1, 20))] * 2, 0), cfg)  # a longer prompt: the next bucket
+    assert len(decode._COMPILED) == n + 1
+
+
+def test_the_whole_generation_is_one_device_loop(sharp):
+    model, _ = sharp
+    cfg = ll.DecodeConfig(gen_length=16, block_length=8)
+    ids, mask = left_pad(PROMPTS, 0)
+    jaxpr = jax.make_jaxpr(lambda p, i, m: decode.decode_loop(p, i, m, None, config=model.config, cfg=cfg,
+                                                                 special=decode.special_ids(model)))(
+        model.params, ids, mask)
+    top = [e.primitive.name for e in jaxpr.jaxpr.eqns]
+    assert top.count("while") == 1
+    assert not any("callback" in str(e.primitive) for e in jaxpr.jaxpr.eqns)
+    assert "callback" not in str(jaxpr)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(gen_length=20, block_length=8), "not a multiple of block_length"),
+    (dict(strategy="low_confidence", steps=7), "not a positive multiple of the number of blocks"),
+    (dict(kappa=1.5), r"kappa=1.5 must lie in \(0, 1\]"),
+    (dict(tau=0.0), r"tau=0.0 must lie in \(0, 1\]"),
+    (dict(tau=0.95, kappa=0.9), "tau=0.95 > kappa=0.9"),
+    (dict(strategy="greedy"), "unknown strategy 'greedy'; choose from localleap, low_confidence, threshold"),
+    (dict(cache="full"), "unknown cache 'full'"),
+    (dict(temperature=0.7), "pass rng"),
+    (dict(gen_length=512, block_length=32), "exceeds the model's max_sequence_length"),
+])
+def test_bad_configs_fail_before_compiling(sharp, change, message):
+    model, _ = sharp
+    n = len(decode._COMPILED)
+    with pytest.raises(ll.DecodeError, match=message):
+        ll.generate(model, *left_pad(PROMPTS, 0), dataclasses.replace(ll.DecodeConfig(gen_length=16, block_length=8), **change))
+    assert len(decode._COMPILED) == n
+
+
+def test_empty_prompts_are_refused(sharp):
+    model, _ = sharp
+    ids, mask = left_pad([[1, 2], []], 0)
+    with pytest.raises(ll.DecodeError, match=r"rows \[1\] have an empty prompt"):
+        ll.generate(model, ids, mask, ll.DecodeConfig(gen_length=16, block_length=8))
+    with pytest.raises(ll.DecodeError, match="empty batch"):
+        ll.generate(model, np.zeros((1, 0), np.int32), None, ll.DecodeConfig(gen_length=16, block_length=8))

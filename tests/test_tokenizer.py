@@ -1,0 +1,42 @@
+"""Tokenizer wrapper: chat template, left padding, pad/mask guard, decoding up to EOS/EOT."""
+
+import numpy as np
+import pytest
+
+import localleap_jax as ll
+from localleap_jax.tokenizer import Tokenizer, TokenizerError
+
+
+def test_chat_template_is_llada_format(converted):
+    tok = ll.load(converted, dtype="float32").tokenizer
+    assert tok.chat("What is 2 + 3?") == ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n"
+                                          "What is 2 + 3?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def test_encode_batch_left_pads_with_a_mask(converted):
+    tok = ll.load(converted, dtype="float32").tokenizer
+    prompts = ["hi", "a much longer prompt than the first"]
+    ids, mask = tok.encode_batch(prompts)
+    assert ids.dtype == np.int32 and mask.dtype == bool and ids.shape == mask.shape
+    for row, m, p in zip(ids, mask, prompts):
+        real = tok.encode(p)
+        assert row[m].tolist() == real
+        assert (row[~m] == tok.pad_id).all() and not m[: len(m) - len(real)].any()  # padding on the left
+    ids8, _ = tok.encode_batch(prompts, pad_to_multiple_of=8)
+    assert ids8.shape[1] % 8 == 0
+    with pytest.raises(TypeError):
+        tok.encode_batch("one string")
+
+
+def test_pad_equal_to_mask_is_refused(tiny_tokenizer):
+    with pytest.raises(TokenizerError, match="pad id .* equals the mask id"):
+        Tokenizer(tiny_tokenizer, mask_id=tiny_tokenizer.mask_token_id, eos_id=tiny_tokenizer.eos_token_id,
+                  pad_id=tiny_tokenizer.mask_token_id)
+
+
+def test_decode_generated_stops_at_eos_or_eot(converted):
+    tok = ll.load(converted, dtype="float32").tokenizer
+    text = tok.hf("7 apples", add_special_tokens=False)["input_ids"]
+    gen = np.array([text + [tok.eot_id, *text], text + [tok.eos_id, *text], text + text + [text[0]]])
+    out = tok.decode_generated(gen)
+    assert out[0] == "7 apples" and out[1] == "7 apples" and out[2] == "7 apples7 apples7"
