@@ -259,6 +259,21 @@ def convert(src: str, out: str, dtype: str = "source", revision: str | None = No
     return Path(out)
 
 
+CACHE_DIR = Path("~/.cache/localleap_jax/checkpoints").expanduser()
+
+
+def cached_conversion(hub_id: str, cache_dir: Path = CACHE_DIR) -> Path:
+    """The converted checkpoint of a hub id, converting it on first use (later calls reuse it)."""
+    out = Path(cache_dir) / hub_id.replace("/", "__")
+    if (out / "manifest.json").exists():
+        return out
+    print(f"converting {hub_id} into {out} (once)", file=sys.stderr)
+    try:
+        return convert(hub_id, str(out))
+    except ConversionError as e:
+        raise CheckpointError(str(e)) from None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m convert.llada", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

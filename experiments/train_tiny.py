@@ -174,7 +174,11 @@ def main(argv=None):
            f"{os.cpu_count()} CPU cores, jax {jax.__version__} on {jax.default_backend()}",
            "final_loss_ema": ema}
     checkpoint.save(export, config, state["params"], out / "tokenizer",
-                    manifest={"source": "experiments/train_tiny.py", "training": log},
+                    manifest={"source": "experiments/train_tiny.py", "training": log,
+                              # what experiments/eval_gsm8k.py runs on this model when given no flags
+                              "eval_data": "synthetic_math", "eval_data_spec": {"n": 500, "seed": cfg.seed},
+                              "eval_defaults": {"gen_length": cfg.gen_length, "block_length": 16,
+                                                "num_fewshot": 0}},
                     readme=f"# Small LLaDA-architecture model trained by experiments/train_tiny.py\n\n"
                            f"```\n{json.dumps(log, indent=2)}\n```\n")
     print(f"wrote {export}")

@@ -29,6 +29,8 @@ from localleap_jax.model import Params, init_params
 from localleap_jax.tokenizer import TOKENIZER_FILES, Tokenizer
 
 FORMAT = "localleap-jax-checkpoint/1"
+# The small model trained by experiments/train_tiny.py, shipped inside the package.
+EMBEDDED = Path(__file__).resolve().parent / "assets" / "tiny-math"
 
 
 class CheckpointError(ValueError):
@@ -113,6 +115,20 @@ def save(out: str | Path, config: ModelConfig, params: Params, tokenizer_dir: st
                                tokenizer_dir=tokenizer_dir, manifest=manifest or {},
                                readme=readme or f"# LLaDA-architecture checkpoint\n\n{json.dumps(config.to_hf_dict())}\n")
     return Path(out)
+
+
+def resolve_checkpoint(name: str | Path | None) -> Path:
+    """A checkpoint directory from a name: None/"embedded" (the shipped small model), a directory,
+    or a hub id such as GSAI-ML/LLaDA-8B-Instruct (converted once into a cache, then reused)."""
+    if name is None or str(name) in ("", "embedded"):
+        if not (EMBEDDED / "manifest.json").exists():
+            raise CheckpointError(f"the embedded model is missing ({EMBEDDED}); reinstall the package")
+        return EMBEDDED
+    path = Path(name).expanduser()
+    if path.exists() or str(name).count("/") != 1 or str(name).startswith((".", "/", "~")):
+        return path
+    from convert.llada import cached_conversion  # a hub id
+    return cached_conversion(str(name))
 
 
 def read_manifest(path: str | Path) -> dict:

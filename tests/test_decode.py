@@ -151,3 +151,42 @@ def test_empty_prompts_are_refused(sharp):
         ll.generate(model, ids, mask, ll.DecodeConfig(gen_length=16, block_length=8))
     with pytest.raises(ll.DecodeError, match="empty batch"):
         ll.generate(model, np.zeros((1, 0), np.int32), None, ll.DecodeConfig(gen_length=16, block_length=8))
+
+
+@pytest.fixture(scope="module")
+def one_layer(tmp_path_factory, tiny_tokenizer):
+    """A 1-layer sharp model: its K/V depend only on each position's token, so the Fast-dLLM caches are exact."""
+    from convert.llada import convert
+
+    tok = tiny_tokenizer
+    cfg = tiny_hf_config(len(tok), tok.mask_token_id, tok.eos_token_id, n_layers=1)
+    d = tmp_path_factory.mktemp("one")
+    convert(str(write_hf_checkpoint(d / "hf", cfg, random_llada_tensors(cfg, seed=3, head_scale=20.0), tok)),
+            str(d / "ck"), progress=False)
+    return ll.load(d / "ck", dtype="float32")
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+@pytest.mark.parametrize("strategy", ["low_confidence", "threshold", "localleap"])
+def test_cache_is_exact_where_the_cache_cannot_go_stale(one_layer, cache, strategy):
+    """One layer: a position's K/V are a function of its token, so cached decoding must equal no cache,
+    token for token and NFE for NFE (rows advance together with a cache, apart without)."""
+    model = one_layer
+    ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
+    base = dict(strategy=strategy, gen_length=32, block_length=8, kappa=0.8, tau=0.5, radius=2)
+    want = ll.generate(model, ids, mask, ll.DecodeConfig(**base))
+    got = ll.generate(model, ids, mask, ll.DecodeConfig(**base, cache=cache))
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_array_equal(got.nfe, want.nfe)
+    assert got.full_passes == 4  # one refresh per block, shared by the batch
+    assert want.full_passes == want.forward_passes
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cached_generation_completes_every_row(sharp, cache):
+    model, _ = sharp
+    ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
+    out = ll.generate(model, ids, mask, ll.DecodeConfig(strategy="localleap", gen_length=32, block_length=8,
+                                                         cache=cache, early_stop=True))
+    assert (out.tokens[:, out.prompt_length:] != model.config.mask_token_id).all()
+    assert out.full_passes <= 4 and (out.nfe <= out.forward_passes).all()

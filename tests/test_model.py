@@ -106,3 +106,32 @@ def test_layers_are_scanned_so_the_program_does_not_grow_with_depth(converted):
     assert "scan" in text
     # one copy of the block: a single q projection dot per layer body, not n_layers of them
     assert text.count("dot_general") < 12
+
+
+@pytest.mark.parametrize("mode", ["dual", "prefix"])
+def test_cached_forward_equals_full_forward_right_after_a_refresh(converted, mode):
+    """With the cache just filled from this canvas, a window's hidden states are the full forward's."""
+    from localleap_jax.model import CacheWrite, trunk_cached
+
+    model = ll.load(converted, dtype="float32")
+    P, G, T = 6, 24, 8
+    rng = np.random.RandomState(7)
+    ids = rng.randint(0, model.config.vocab_size, (3, P + G)).astype(np.int32)
+    ids[:, P + 10:] = model.config.mask_token_id  # a canvas mid-generation
+    mask = np.ones_like(ids, bool)
+    mask[1, :2] = False  # one left-padded row
+    pos = positions_from_mask(mask)
+    full, cache = trunk(model.params, ids, pos, mask, model.config)
+    starts = np.array([P, P + 8, P + 16])  # each row in a different block
+    if mode == "dual":
+        idx = starts[:, None] + np.arange(T)
+        write = CacheWrite(jnp.asarray(starts), jnp.ones((3, T), bool))
+    else:
+        idx = np.broadcast_to(P + np.arange(G), (3, G))
+        write = CacheWrite(jnp.full((3,), P), jnp.asarray(idx >= starts[:, None]))
+    take = lambda a: np.take_along_axis(np.asarray(a), idx.reshape(idx.shape + (1,) * (np.ndim(a) - 2)), 1)  # noqa: E731
+    h = trunk_cached(model.params, take(ids), take(pos), mask, cache, write, model.config)
+    err = np.abs(np.asarray(h) - take(full))
+    if mode == "prefix":  # only positions from the block on are the model's output; earlier ones are discarded
+        err = err[idx >= starts[:, None]]
+    assert err.max() <= 1e-5
