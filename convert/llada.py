@@ -77,6 +77,20 @@ def expected_names(n_layers: int) -> list[str]:
     return top + [f"model.transformer.blocks.{i}.{k}.weight" for i in range(n_layers) for k in (*_NORMS, *_LINEAR)]
 
 
+def llada_tensors(params, n_layers: int) -> dict:
+    """The inverse mapping: LLaDA-named tensors ([out, in] like PyTorch) from a Flax tree, for the
+    PyTorch reference path of the benchmarks. Arrays stay whatever type the tree holds (numpy, jax)."""
+    out = {}
+    for name in expected_names(n_layers):
+        tgt = target_of(name, n_layers)
+        leaf = params
+        for k in tgt.path:
+            leaf = leaf[k]
+        arr = leaf if tgt.layer is None else leaf[tgt.layer]
+        out[name] = arr.T if tgt.transpose else arr
+    return out
+
+
 # ---------------------------------------------------------------- safetensors, read by hand
 
 
@@ -250,8 +264,10 @@ def convert(src: str, out: str, dtype: str = "source", revision: str | None = No
                 bar.update(info.nbytes)
             shard_sums.append({"file": shard.name, "sha256": sha256_of(shard), "bytes": shard.stat().st_size})
         bar.close()
+        num_params = int(sum(a.size for a in jax.tree.leaves(params)))
+        params = _to_device_one_leaf_at_a_time(params)
         manifest = {"source": source, "converter": "convert/llada.py", "shards": shard_sums,
-                    "num_params": int(sum(a.size for a in jax.tree.leaves(params)))}
+                    "num_params": num_params}
         readme = (f"# {source}\n\nConverted by `python -m convert.llada` to a localleap-jax checkpoint "
                   f"({out_dtype.name}). Load with `localleap_jax.load(path)`.\nShard hashes are in manifest.json.\n")
         write_checkpoint_files(tmp, hf_config=hf_config, params=params, tokenizer_dir=local, manifest=manifest,
@@ -272,6 +288,22 @@ def cached_conversion(hub_id: str, cache_dir: Path = CACHE_DIR) -> Path:
         return convert(hub_id, str(out))
     except ConversionError as e:
         raise CheckpointError(str(e)) from None
+
+
+def _to_device_one_leaf_at_a_time(tree: dict) -> dict:
+    """NumPy leaves -> jax.Arrays in place, each NumPy leaf freed as soon as it is copied (peak: +1 leaf).
+
+    Orbax serialises jax.Arrays without the extra host copies it makes of NumPy inputs.
+    """
+    import jax
+
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            _to_device_one_leaf_at_a_time(value)
+        else:
+            tree[key] = jax.block_until_ready(jax.device_put(value))
+            del value
+    return tree
 
 
 def main(argv=None) -> int:

@@ -84,11 +84,16 @@ def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
 
 
 def write_params(path: str | Path, params: Params) -> None:
+    """Save the tree with Orbax, one leaf's worth of bytes in flight at a time (bounded host memory:
+    converting LLaDA-8B must fit in 24 GiB). Orbax's limit must admit the largest leaf."""
+    import math
+
     import orbax.checkpoint as ocp
 
-    ckptr = ocp.StandardCheckpointer()
-    ckptr.save(Path(path).resolve(), params)
-    ckptr.wait_until_finished()
+    largest = max(leaf.nbytes for leaf in jax.tree.leaves(params))
+    limit_gb = max(1, math.ceil(largest / 1e9))
+    handler = ocp.PyTreeCheckpointHandler(save_concurrent_gb=limit_gb, save_device_host_concurrent_gb=limit_gb)
+    ocp.Checkpointer(handler).save(Path(path).resolve(), args=ocp.args.PyTreeSave(params))
 
 
 def write_checkpoint_files(tmp: Path, *, hf_config: Mapping[str, Any], params: Params, tokenizer_dir: str | Path,

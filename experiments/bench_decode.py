@@ -1,0 +1,175 @@
+"""Whole-generation speed: `localleap_jax.generate` next to the PyTorch eager loop, same model/prompts/schedule.
+
+    python experiments/bench_decode.py                       # CPU: the embedded trained model, real confidences
+    python experiments/bench_decode.py --shape small --prompt-length 128 --gen-length 64 --block-length 16
+    python experiments/bench_decode.py --cache none,prefix,dual
+    python experiments/bench_decode.py --shape llada-8b --batch 1,8 --prompt-length 900 \\
+        --gen-length 256 --block-length 32 --cache none,prefix,dual     # GPU, random bf16 weights
+
+The PyTorch side is `localleap_jax.reference_torch.eager_generate`: the published style (Python
+per step, float64 softmax, transformers Llama run bidirectionally, no KV cache). The JAX side is
+one compiled `lax.while_loop`, timed on a second call (compile time shown apart). Random weights
+give flat confidences, so `--shape llada-8b` pins the schedule (`--tokens-per-step`, default 4,
+as low_confidence with steps = gen_length / 4) on both sides.
+
+Printed per row: NFE, ms per step, generated (non-EOS) tokens/s, and the ratio to PyTorch's
+tokens/s for the same strategy; with --cache none also the forward-only time per step, so the
+loop and selection overhead is visible; and the peak temporary memory of one decode step with
+the LM head on the whole canvas vs on the current block only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+
+from bench_common import median_seconds, on_gpu, random_model, torch_sync, torch_twin
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def prompts_for(args, model, B: int):
+    if args.shape == "embedded":
+        import synthetic_math
+        problems = synthetic_math.take("test", B, seed=1)
+        return model.tokenizer.encode_batch([f"Question: {p['question']}\nAnswer:" for p in problems])
+    rng = np.random.RandomState(B)
+    ids = rng.randint(0, model.config.vocab_size - 1000, (B, args.prompt_length)).astype(np.int32)
+    return ids, np.ones_like(ids, bool)
+
+
+def generated_tokens(tokens: np.ndarray, prompt_length: int, stop_ids) -> int:
+    gen = tokens[:, prompt_length:]
+    count = 0
+    for row in gen:
+        stops = np.flatnonzero(np.isin(row, stop_ids))
+        count += stops[0] if stops.size else row.size
+    return int(count)
+
+
+def step_functions(model, P: int, cfg):
+    """One decode step's model call and prediction: LM head on the whole canvas, or on the block only."""
+    from localleap_jax.decode import predict, special_ids
+    from localleap_jax.model import forward, head, positions_from_mask, trunk
+
+    special = special_ids(model)
+
+    def full_head(params, ids, mask):  # what the published code does: logits for every position
+        return predict(forward(params, ids, mask, model.config), cfg, special, None)
+
+    def block_head(params, ids, mask):  # what generate does
+        h, _ = trunk(params, ids, positions_from_mask(mask), mask, model.config)
+        return predict(head(params, h[:, P:P + cfg.block_length], model.config), cfg, special, None)
+
+    return jax.jit(full_head), jax.jit(block_head)
+
+
+def peak_step_memory_mb(fn, params, ids, mask) -> float:
+    """Temporary + output bytes XLA allocates for one call (parameters and inputs excluded)."""
+    mem = fn.lower(params, ids, mask).compile().memory_analysis()
+    return (mem.temp_size_in_bytes + mem.output_size_in_bytes) / 2**20
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="embedded", choices=("embedded", "small", "llada-8b"),
+                    help="embedded: the shipped trained model (default); small / llada-8b: random weights at "
+                         "that shape, with a pinned schedule")
+    ap.add_argument("--strategies", default=None, help="default: low_confidence,threshold,localleap (embedded); "
+                                                       "low_confidence with the pinned schedule (random shapes)")
+    ap.add_argument("--cache", default="none", help="comma-separated cache modes for the JAX side")
+    ap.add_argument("--batch", default="1,8")
+    ap.add_argument("--gen-length", type=int, default=None, help="default 64 (embedded), 256 (random shapes)")
+    ap.add_argument("--block-length", type=int, default=None, help="default 16 (embedded), 32 (random shapes)")
+    ap.add_argument("--prompt-length", type=int, default=900, help="random shapes: prompt tokens")
+    ap.add_argument("--tokens-per-step", type=int, default=None,
+                    help="pin low_confidence to this many tokens per step (default: 1 embedded, 4 random)")
+    ap.add_argument("--dtype", default=None, help="bfloat16 on GPU, float32 on CPU")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+
+    import localleap_jax as ll
+    from localleap_jax import reference_torch
+
+    dtype = jnp.dtype(args.dtype or ("bfloat16" if on_gpu() else "float32"))
+    small = args.shape == "embedded"
+    G = args.gen_length or (64 if small else 256)
+    T = args.block_length or (16 if small else 32)
+    per_step = args.tokens_per_step or (1 if small else 4)
+    strategies = (args.strategies or ("low_confidence,threshold,localleap" if small else "low_confidence")).split(",")
+    caches = args.cache.split(",")
+    model = ll.load(ll.checkpoint.EMBEDDED, dtype=dtype) if small else random_model(args.shape, dtype)
+    stop_ids = [model.config.eos_token_id] + ([model.tokenizer.eot_id] if model.tokenizer else [])
+    twin = None if args.no_torch else torch_twin(model)
+
+    print(f"{jax.devices()[0].device_kind}: {args.shape} ({model.config.num_params / 1e6:.1f}M params, {dtype.name}), "
+          f"gen {G}, block {T}" + (f", low_confidence pinned at {per_step} token(s)/step" if per_step > 1 else ""))
+    header = (f"{'B':>3} {'strategy':<15}{'impl':<13}{'NFE':>7}{'ms/step':>9}{'tok/s':>10}{'vs torch':>10}"
+              f"{'compile s':>10}{'fwd ms':>8}")
+    print(header)
+    rows = []
+    for B in map(int, args.batch.split(",")):
+        ids, mask = prompts_for(args, model, B)
+        P = ids.shape[1]
+        ids_d, mask_d = jax.device_put(ids), jax.device_put(mask)
+        canvas = jax.device_put(np.concatenate([ids, np.full((B, G), model.config.mask_token_id, np.int32)], 1))
+        cmask = jax.device_put(np.concatenate([mask, np.ones((B, G), bool)], 1))
+        full_step, block_step = step_functions(model, P, ll.DecodeConfig(gen_length=G, block_length=T))
+        # the floor of a no-cache step: the model call and prediction alone, no loop or selection
+        forward_ms = median_seconds(lambda: jax.block_until_ready(block_step(model.params, canvas, cmask)),
+                                    reps=5, warmup=2) * 1e3
+        for strategy in strategies:
+            steps = G // per_step if strategy == "low_confidence" else None
+            cfg = ll.DecodeConfig(strategy=strategy, gen_length=G, block_length=T, steps=steps)
+            torch_tps = None
+            if twin is not None:
+                import torch
+                tmodel, device = twin
+                t_ids, t_mask = torch.tensor(ids, device=device), torch.tensor(mask, device=device)
+                t0 = time.perf_counter()
+                x, nfe = reference_torch.eager_generate(
+                    tmodel, t_ids, t_mask, strategy=strategy, gen_length=G, block_length=T, steps=steps,
+                    mask_id=model.config.mask_token_id, eos_id=model.config.eos_token_id,
+                    eot_id=model.tokenizer.eot_id if model.tokenizer else None)
+                torch_sync()
+                secs = time.perf_counter() - t0
+                passes = max(nfe)
+                n_tok = generated_tokens(x.cpu().numpy(), P, stop_ids)
+                torch_tps = n_tok / secs
+                row = {"batch": B, "strategy": strategy, "impl": "torch-eager", "nfe": float(np.mean(nfe)),
+                       "ms_per_step": secs / passes * 1e3, "tokens_per_s": torch_tps}
+                rows.append(row)
+                print(f"{B:>3} {strategy:<15}{'torch-eager':<13}{row['nfe']:>7.1f}{row['ms_per_step']:>9.2f}"
+                      f"{torch_tps:>10.1f}{'1.00x':>10}")
+            for cache in caches:
+                c = dataclasses.replace(cfg, cache=cache)
+                first = ll.generate(model, ids_d, mask_d, c)
+                out = ll.generate(model, ids_d, mask_d, c)
+                n_tok = generated_tokens(out.tokens, out.prompt_length, stop_ids)
+                tps = n_tok / out.seconds
+                row = {"batch": B, "strategy": strategy, "impl": f"jax-{cache}", "nfe": float(out.nfe.mean()),
+                       "ms_per_step": out.seconds / out.forward_passes * 1e3, "tokens_per_s": tps,
+                       "vs_torch": tps / torch_tps if torch_tps else None, "compile_s": first.compile_seconds,
+                       "full_passes": out.full_passes, "forward_ms": forward_ms if cache == "none" else None}
+                rows.append(row)
+                vs = f"{row['vs_torch']:.2f}x" if torch_tps else "-"
+                fw = f"{forward_ms:>8.2f}" if cache == "none" else ""
+                print(f"{B:>3} {strategy:<15}{'jax-' + cache:<13}{row['nfe']:>7.1f}{row['ms_per_step']:>9.2f}"
+                      f"{tps:>10.1f}{vs:>10}{first.compile_seconds:>10.1f}{fw}")
+        full_mb = peak_step_memory_mb(full_step, model.params, canvas, cmask)
+        block_mb = peak_step_memory_mb(block_step, model.params, canvas, cmask)
+        print(f"    one step's XLA memory at B={B} (params excluded): LM head on the canvas {full_mb:.1f} MB, "
+              f"on the block only {block_mb:.1f} MB")
+        rows.append({"batch": B, "step_temp_mb_full_head": full_mb, "step_temp_mb_block_head": block_mb})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": jax.devices()[0].device_kind, "shape": args.shape, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
