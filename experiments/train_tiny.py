@@ -118,6 +118,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="work directory (Orbax training state lives in OUT/train_state)")
     ap.add_argument("--export", help="final checkpoint directory (default OUT/checkpoint)")
     ap.add_argument("--save-every", type=int, default=250)
+    ap.add_argument("--export-only", action="store_true",
+                    help="export the latest saved training state as a checkpoint directory, without training")
     for f in dataclasses.fields(TrainConfig):
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
     args = ap.parse_args(argv)
@@ -152,16 +154,28 @@ def main(argv=None):
 
     print(f"model: {config.num_params / 1e6:.2f}M parameters, {config}")
     t0, ema = time.time(), None
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="train", dynamic_ncols=True)
-    for step in bar:
-        batch = make_batch(step, cfg, tok)
-        state, loss = train_step(state, *batch, jax.random.fold_in(jax.random.key(cfg.seed + 1), step))
-        if step % 10 == 0:
-            loss = float(loss)
-            ema = loss if ema is None else 0.9 * ema + 0.1 * loss
-            bar.set_postfix(loss=f"{ema:.3f}", lr=f"{float(schedule(step)):.1e}")
-        if (step + 1) % args.save_every == 0 or step + 1 == cfg.steps:
-            manager.save(step + 1, args=ocp.args.StandardSave(state))
+    steps = range(start, start if args.export_only else cfg.steps)
+    bar = tqdm(steps, initial=start, total=cfg.steps, desc="train", dynamic_ncols=True, disable=args.export_only)
+    completed = start
+    try:
+        for step in bar:
+            batch = make_batch(step, cfg, tok)
+            state, loss = train_step(state, *batch, jax.random.fold_in(jax.random.key(cfg.seed + 1), step))
+            completed = step + 1
+            if step % 10 == 0:
+                loss = float(loss)
+                ema = loss if ema is None else 0.9 * ema + 0.1 * loss
+                bar.set_postfix(loss=f"{ema:.3f}", lr=f"{float(schedule(step)):.1e}")
+            if completed % args.save_every == 0 or completed == cfg.steps:
+                manager.save(completed, args=ocp.args.StandardSave(state))
+    except KeyboardInterrupt:
+        # Keep every finished step: save the state now, then let the same command resume from it.
+        if completed != manager.latest_step():
+            manager.save(completed, args=ocp.args.StandardSave(state), force=True)
+        manager.wait_until_finished()
+        bar.close()
+        sys.exit(f"interrupted after step {completed}; state saved in {out / 'train_state'}; "
+                 "rerun the same command to resume")
     manager.wait_until_finished()
     seconds = time.time() - t0
 
@@ -170,7 +184,7 @@ def main(argv=None):
         print(f"{export} exists; not overwriting it")
         return
     log = {"train_config": dataclasses.asdict(cfg), "train_seconds_this_run": round(seconds, 1),
-           "resumed_from_step": start, "hardware": f"{platform.processor() or platform.machine()}, "
+           "resumed_from_step": start, "exported_at_step": start + len(steps), "hardware": f"{platform.processor() or platform.machine()}, "
            f"{os.cpu_count()} CPU cores, jax {jax.__version__} on {jax.default_backend()}",
            "final_loss_ema": ema}
     checkpoint.save(export, config, state["params"], out / "tokenizer",

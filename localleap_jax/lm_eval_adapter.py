@@ -122,6 +122,7 @@ class LocalLeapLM(LM):
         bar = tqdm(total=len(requests), desc=f"generate [{self.cfg.strategy}]", dynamic_ncols=True,
                    disable=disable_tqdm or not self.progress)
         nfe_total = tokens_total = seconds_total = 0.0
+        generated_rows = 0
         for start in range(0, len(order), self.batch_size):
             batch = order[start:start + self.batch_size]
             cfg = self._config_for(requests[batch[0]].args[1])
@@ -149,8 +150,8 @@ class LocalLeapLM(LM):
             if self.on_batch is not None:
                 self.on_batch([requests[i] for i in batch], [results[i] for i in batch], stats_rows)
             bar.update(len(batch))
-            done = bar.n
-            bar.set_postfix(nfe=f"{nfe_total / done:.1f}", tok_s=f"{tokens_total / max(seconds_total, 1e-9):.1f}",
+            generated_rows += len(batch)
+            bar.set_postfix(nfe=f"{nfe_total / generated_rows:.1f}", tok_s=f"{tokens_total / max(seconds_total, 1e-9):.1f}",
                             **(getattr(self.on_batch, "postfix", None) or {}))
         bar.close()
         return results
