@@ -58,7 +58,9 @@ def parse_args(argv=None):
     ap.add_argument("--kappa", type=float, default=0.9, help="anchor / threshold confidence (default 0.9)")
     ap.add_argument("--tau", type=float, default=0.75, help="relaxed threshold near an anchor (default 0.75)")
     ap.add_argument("--radius", type=int, default=4, help="W, the anchor neighbourhood (default 4)")
-    ap.add_argument("--cache", default="none", choices=("none", "prefix", "dual"), help="KV cache (default none)")
+    ap.add_argument("--cache", default="none",
+                    help="KV cache: none, prefix or dual (default none); a comma-separated list runs each, names the "
+                         "rows strategy+cache and reports the fraction of outputs identical to the first mode's")
     ap.add_argument("--early-stop", action="store_true", help="stop a row after a finished block that holds EOS")
     ap.add_argument("--dtype", default="auto", help="parameter dtype: auto (fp32 on CPU, bf16 on GPU/TPU), "
                                                     "bfloat16, float32")
@@ -152,7 +154,8 @@ class RunningAccuracy:
         self.postfix = {"acc": f"{self.correct / self.n:.3f}"}
 
 
-def run_strategy(model, strategy: str, args, task: str, include: Path | None, data_desc: str, out: Path):
+def run_strategy(model, strategy: str, cache_mode: str, args, task: str, include: Path | None, data_desc: str,
+                 out: Path):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -162,7 +165,7 @@ def run_strategy(model, strategy: str, args, task: str, include: Path | None, da
     cfg = DecodeConfig(strategy=strategy, gen_length=args.gen_length, block_length=args.block_length,
                        kappa=args.kappa, tau=args.tau, radius=args.radius,
                        steps=args.steps if strategy == "low_confidence" else None,
-                       early_stop=args.early_stop, cache=args.cache)
+                       early_stop=args.early_stop, cache=cache_mode)
     fingerprint = hashlib.sha256(json.dumps([str(model.path), str(model.dtype), dataclasses.asdict(cfg),
                                              args.num_fewshot, data_desc]).encode()).hexdigest()[:12]
     cache = out / "cache" / f"{strategy}-{fingerprint}"
@@ -223,14 +226,16 @@ def summarize(rows: list[dict]) -> dict:
 
 def print_table(summary: dict) -> None:
     names = list(summary)
-    base = summary[names[0]]
-    print(f"\n{'strategy':<16}{'strict':>8}{'flexible':>10}{'mean NFE':>10}{'NFE ratio':>11}{'speedup':>9}"
-          f"{'tok/s':>9}{'s/sample':>10}{'compile s':>11}{'n':>6}")
+    same_key = next((k for s in summary.values() for k in s if k.startswith("identical_to_")), None)
+    width = max(16, max(map(len, names)) + 2)
+    print(f"\n{'strategy':<{width}}{'strict':>8}{'flexible':>10}{'mean NFE':>10}{'NFE ratio':>11}{'speedup':>9}"
+          f"{'tok/s':>9}{'s/sample':>10}{'compile s':>11}{'n':>6}" + (f"{'same':>7}" if same_key else ""))
     for name in names:
         s = summary[name]
-        print(f"{name:<16}{s['accuracy_strict']:>8.3f}{s['accuracy_flexible']:>10.3f}{s['mean_nfe']:>10.1f}"
+        same = f"{s[same_key]:>7.2f}" if same_key and same_key in s else ("      -" if same_key else "")
+        print(f"{name:<{width}}{s['accuracy_strict']:>8.3f}{s['accuracy_flexible']:>10.3f}{s['mean_nfe']:>10.1f}"
               f"{s['nfe_ratio']:>11.3f}{s['speedup']:>8.2f}x{s['tokens_per_second']:>9.1f}"
-              f"{s['seconds_per_sample']:>10.4f}{s['compile_seconds']:>11.1f}{s['n']:>6}")
+              f"{s['seconds_per_sample']:>10.4f}{s['compile_seconds']:>11.1f}{s['n']:>6}{same}")
 
 
 def main(argv=None) -> int:
@@ -249,6 +254,10 @@ def run(args) -> int:
     from localleap_jax.lm_eval_adapter import default_dtype
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    caches = [c.strip() for c in args.cache.split(",") if c.strip()]
+    bad_cache = [c for c in caches if c not in ("none", "prefix", "dual")]
+    if bad_cache or not caches:
+        raise UserError(f"unknown cache {', '.join(bad_cache) or '(none given)'}; choose from none, prefix, dual")
     unknown = [s for s in strategies if s not in ll.STRATEGIES]
     if unknown or not strategies:
         raise UserError(f"unknown strategy {', '.join(unknown) or '(none given)'}; choose from "
@@ -265,7 +274,7 @@ def run(args) -> int:
             setattr(args, key, value)
     try:
         ll.DecodeConfig(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
-                        kappa=args.kappa, tau=args.tau, radius=args.radius, cache=args.cache).validate()
+                        kappa=args.kappa, tau=args.tau, radius=args.radius).validate()
     except DecodeError as e:
         raise UserError(str(e)) from None
 
@@ -276,17 +285,22 @@ def run(args) -> int:
           f"{args.num_fewshot}-shot, gen {args.gen_length}, block {args.block_length}, cache {args.cache}; "
           f"output {out}")
 
-    summary, all_rows = {}, []
-    for strategy in strategies:
-        t0 = time.time()
-        cfg, lm, samples = run_strategy(model, strategy, args, task, include, data_desc, out)
-        rows = collect(strategy, lm, samples)
-        all_rows += rows
-        summary[strategy] = summarize(rows)
-        print(f"{strategy}: {summary[strategy]['accuracy_strict']:.3f} strict, mean NFE "
-              f"{summary[strategy]['mean_nfe']:.1f} ({lm.model_calls} batches generated, "
-              f"{time.time() - t0:.0f}s)")
-    first = summary[strategies[0]]
+    summary, all_rows, texts = {}, [], {}
+    for cache_mode in caches:
+        for strategy in strategies:
+            name = strategy if len(caches) == 1 else f"{strategy}+{cache_mode}"
+            t0 = time.time()
+            cfg, lm, samples = run_strategy(model, strategy, cache_mode, args, task, include, data_desc, out)
+            rows = collect(name, lm, samples)
+            all_rows += rows
+            summary[name] = summarize(rows)
+            texts[strategy, cache_mode] = [r["generated"] for r in rows]
+            if cache_mode != caches[0]:  # how often the cached approximation changed nothing
+                same = [a == b for a, b in zip(texts[strategy, cache_mode], texts[strategy, caches[0]])]
+                summary[name][f"identical_to_{caches[0]}"] = sum(same) / len(same)
+            print(f"{name}: {summary[name]['accuracy_strict']:.3f} strict, mean NFE "
+                  f"{summary[name]['mean_nfe']:.1f} ({lm.model_calls} batches generated, {time.time() - t0:.0f}s)")
+    first = next(iter(summary.values()))
     for s in summary.values():
         s["nfe_ratio"] = s["mean_nfe"] / max(first["mean_nfe"], 1e-9)
         s["speedup"] = first["seconds_per_sample"] / max(s["seconds_per_sample"], 1e-9)
