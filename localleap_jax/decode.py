@@ -171,11 +171,17 @@ def decode_loop(params, ids: Int[Array, "B P"], mask: Bool[Array, "B P"], rng: j
     positions = positions_from_mask(key_mask)
     rule = strategies.get(cfg.strategy)
     in_block = jnp.arange(T)
-    together = cfg.cache != "none"  # with a cache, rows share a block so one refresh serves all
+    # Batch policy. Without a cache each row moves to its next block as soon as its own block is full.
+    # With a cache the rows advance through blocks together, so one full-canvas refresh per block serves
+    # the whole batch. The cost: a row that fills its block early waits (no commits, no NFE) while the
+    # batch still runs forward passes for the slowest row, so the batch makes sum over blocks of the
+    # slowest row's steps passes instead of the slowest row's total. The alternative, refreshing all rows
+    # whenever any row starts a block, turns most passes into full forwards once rows drift apart at
+    # B > 1. bench_decode.py reports both the passes and the full passes.
+    together = cfg.cache != "none"
 
-    def block_hidden(state: LoopState, need_refresh) -> tuple[Float[Array, "B T D"], Any]:
-        starts = P + state.block * T
-        idx = starts[:, None] + in_block  # [B, T] canvas positions of each row's block
+    def block_hidden(state: LoopState, starts, idx, need_refresh) -> tuple[Float[Array, "B T D"], Any]:
+        """Hidden states at each row's block positions `idx` [B, T], and the (possibly refreshed) cache."""
         if cfg.cache == "none":
             h, _ = trunk(params, state.x, positions, key_mask, config)
             return _rows_take(h, idx), ()
@@ -202,11 +208,11 @@ def decode_loop(params, ids: Int[Array, "B P"], mask: Bool[Array, "B P"], rng: j
         return jax.lax.cond(need_refresh, refresh, cached, None)
 
     def body(state: LoopState) -> LoopState:
-        starts = P + state.block * T
-        idx = starts[:, None] + in_block
+        starts = P + state.block * T  # [B] first canvas position of each row's block
+        idx = starts[:, None] + in_block  # [B, T]
         # A cache is refreshed when the (shared) block starts: Fast-dLLM's full forward per block.
         need_refresh = jnp.any(~state.done & (state.step_in_block == 0))
-        h, cache = block_hidden(state, need_refresh)
+        h, cache = block_hidden(state, starts, idx, need_refresh)
         logits = head(params, h, config)  # [B, T, V]
         key = None if rng is None else jax.random.fold_in(rng, state.passes)
         pred, conf = predict(logits, cfg, special, key)
