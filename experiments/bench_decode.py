@@ -12,7 +12,8 @@ one compiled `lax.while_loop`, timed on a second call (compile time shown apart)
 give flat confidences, so `--shape llada-8b` pins the schedule (`--tokens-per-step`, default 4,
 as low_confidence with steps = gen_length / 4) on both sides.
 
-Printed per row: NFE, ms per step, generated (non-EOS) tokens/s, and the ratio to PyTorch's
+Printed per row: mean NFE per row, forward passes of the batch (and how many ran the whole
+canvas: with a cache, the rows advance through blocks together, which costs passes), ms per step, generated (non-EOS) tokens/s, and the ratio to PyTorch's
 tokens/s for the same strategy; with --cache none also the forward-only time per step, so the
 loop and selection overhead is visible; and the peak temporary memory of one decode step with
 the LM head on the whole canvas vs on the current block only.
@@ -109,8 +110,8 @@ def main(argv=None):
 
     print(f"{jax.devices()[0].device_kind}: {args.shape} ({model.config.num_params / 1e6:.1f}M params, {dtype.name}), "
           f"gen {G}, block {T}" + (f", low_confidence pinned at {per_step} token(s)/step" if per_step > 1 else ""))
-    header = (f"{'B':>3} {'strategy':<15}{'impl':<13}{'NFE':>7}{'ms/step':>9}{'tok/s':>10}{'vs torch':>10}"
-              f"{'compile s':>10}{'fwd ms':>8}")
+    header = (f"{'B':>3} {'strategy':<15}{'impl':<13}{'NFE':>7}{'passes':>8}{'full':>6}{'ms/step':>9}{'tok/s':>10}"
+              f"{'vs torch':>10}{'compile s':>10}{'fwd ms':>8}")
     print(header)
     rows = []
     for B in map(int, args.batch.split(",")):
@@ -132,20 +133,21 @@ def main(argv=None):
                 tmodel, device = twin
                 t_ids, t_mask = torch.tensor(ids, device=device), torch.tensor(mask, device=device)
                 t0 = time.perf_counter()
+                eager_stats = {}
                 x, nfe = reference_torch.eager_generate(
                     tmodel, t_ids, t_mask, strategy=strategy, gen_length=G, block_length=T, steps=steps,
                     mask_id=model.config.mask_token_id, eos_id=model.config.eos_token_id,
-                    eot_id=model.tokenizer.eot_id if model.tokenizer else None)
+                    eot_id=model.tokenizer.eot_id if model.tokenizer else None, stats=eager_stats)
                 torch_sync()
                 secs = time.perf_counter() - t0
-                passes = max(nfe)
+                passes = eager_stats["passes"]
                 n_tok = generated_tokens(x.cpu().numpy(), P, stop_ids)
                 torch_tps = n_tok / secs
-                row = {"batch": B, "strategy": strategy, "impl": "torch-eager", "nfe": float(np.mean(nfe)),
+                row = {"batch": B, "strategy": strategy, "impl": "torch-eager", "nfe": float(np.mean(nfe)), "passes": passes,
                        "ms_per_step": secs / passes * 1e3, "tokens_per_s": torch_tps}
                 rows.append(row)
-                print(f"{B:>3} {strategy:<15}{'torch-eager':<13}{row['nfe']:>7.1f}{row['ms_per_step']:>9.2f}"
-                      f"{torch_tps:>10.1f}{'1.00x':>10}")
+                print(f"{B:>3} {strategy:<15}{'torch-eager':<13}{row['nfe']:>7.1f}{passes:>8}{passes:>6}"
+                      f"{row['ms_per_step']:>9.2f}{torch_tps:>10.1f}{'1.00x':>10}")
             for cache in caches:
                 c = dataclasses.replace(cfg, cache=cache)
                 first = ll.generate(model, ids_d, mask_d, c)
@@ -155,12 +157,13 @@ def main(argv=None):
                 row = {"batch": B, "strategy": strategy, "impl": f"jax-{cache}", "nfe": float(out.nfe.mean()),
                        "ms_per_step": out.seconds / out.forward_passes * 1e3, "tokens_per_s": tps,
                        "vs_torch": tps / torch_tps if torch_tps else None, "compile_s": first.compile_seconds,
-                       "full_passes": out.full_passes, "forward_ms": forward_ms if cache == "none" else None}
+                       "passes": out.forward_passes, "full_passes": out.full_passes, "forward_ms": forward_ms if cache == "none" else None}
                 rows.append(row)
                 vs = f"{row['vs_torch']:.2f}x" if torch_tps else "-"
                 fw = f"{forward_ms:>8.2f}" if cache == "none" else ""
-                print(f"{B:>3} {strategy:<15}{'jax-' + cache:<13}{row['nfe']:>7.1f}{row['ms_per_step']:>9.2f}"
-                      f"{tps:>10.1f}{vs:>10}{first.compile_seconds:>10.1f}{fw}")
+                print(f"{B:>3} {strategy:<15}{'jax-' + cache:<13}{row['nfe']:>7.1f}{out.forward_passes:>8}"
+                      f"{out.full_passes:>6}{row['ms_per_step']:>9.2f}{tps:>10.1f}{vs:>10}"
+                      f"{first.compile_seconds:>10.1f}{fw}")
         full_mb = peak_step_memory_mb(full_step, model.params, canvas, cmask)
         block_mb = peak_step_memory_mb(block_step, model.params, canvas, cmask)
         print(f"    one step's XLA memory at B={B} (params excluded): LM head on the canvas {full_mb:.1f} MB, "

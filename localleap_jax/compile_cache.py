@@ -11,10 +11,10 @@ DEFAULT_DIR = Path(os.environ.get("LOCALLEAP_COMPILE_CACHE", "~/.cache/localleap
 
 
 def enable_compilation_cache(path: str | Path | None = None) -> Path:
-    """Turn the cache on (idempotent); every compiled program above ~0.5 s is stored under `path`."""
+    """Turn the cache on (idempotent); every compiled program is stored under `path`."""
     path = Path(path or DEFAULT_DIR).expanduser()
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path

@@ -102,7 +102,7 @@ def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *
                    gen_length: int, block_length: int, mask_id: int, eos_id: int, eot_id: int | None = None,
                    steps: int | None = None, kappa: float = 0.9, tau: float = 0.75, radius: int = 4,
                    early_stop: bool = False, logits_eos_inf: bool = False,
-                   confidence_eos_eot_inf: bool = False, clauses: dict | None = None
+                   confidence_eos_eot_inf: bool = False, stats: dict | None = None
                    ) -> tuple[torch.Tensor, list[int]]:
     """The published decoding loop, step by step in Python (LLaDA `generate.py` / Fast-dLLM style).
 
@@ -112,8 +112,9 @@ def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *
       low_confidence: the k most confident masked tokens, k from LLaDA's per-block schedule;
       threshold:      the most confident, plus every masked token with p >= kappa;
       localleap:      threshold, plus p >= tau within `radius` positions of a token with p >= kappa.
-    Returns (canvas [B, P+G], NFE per row). `clauses`, if given, counts commits by the clause of
-    the LocalLeap rule that first allowed them: "top1", "kappa", "tau_near_anchor".
+    Returns (canvas [B, P+G], NFE per row). `stats`, if given, receives "passes" (forward passes of
+    the batch) and counts of commits by the clause of the LocalLeap rule that first allowed them:
+    "top1", "kappa", "tau_near_anchor".
     """
     B, P = ids.shape
     if mask is None:
@@ -132,6 +133,8 @@ def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *
         step = 0
         while any(not done[r] and (x[r, lo:hi] == mask_id).any() for r in range(B)):
             logits = bidirectional_logits(model, x, attn).double()
+            if stats is not None:
+                stats["passes"] = stats.get("passes", 0) + 1
             if logits_eos_inf:
                 logits[:, :, eos_id] = -float("inf")
             pred = logits.argmax(-1)
@@ -161,9 +164,9 @@ def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *
                     raise ValueError(f"unknown strategy {strategy!r}")
                 for j in chosen:
                     x[r, j] = pred[r, j]
-                    if clauses is not None:
+                    if stats is not None:
                         clause = "top1" if j == ranked[0] else "kappa" if c[j] >= kappa else "tau_near_anchor"
-                        clauses[clause] = clauses.get(clause, 0) + 1
+                        stats[clause] = stats.get(clause, 0) + 1
             step += 1
         for r in range(B):
             if done[r]:

@@ -50,8 +50,6 @@ class Tokenizer:
         if self.pad_id == self.mask_id:
             raise TokenizerError(f"pad id {self.pad_id} equals the mask id: padding would be read as "
                                  "positions to generate")
-        if self.hf.chat_template is None:
-            self.hf.chat_template = None  # plain prompts only; chat=True will say so
 
     @classmethod
     def from_dir(cls, path: str | Path, *, mask_id: int, eos_id: int, pad_id: int | None = None) -> "Tokenizer":

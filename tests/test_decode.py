@@ -43,12 +43,12 @@ SETTINGS = [
 ]
 
 
-def _oracle(torch_model, model, prompt, setting, clauses=None):
+def _oracle(torch_model, model, prompt, setting, stats=None):
     kw = {k: v for k, v in setting.items() if k != "strategy"}
     ids = torch.tensor([prompt])
     x, nfe = reference_torch.eager_generate(
         torch_model, ids, strategy=setting["strategy"], mask_id=model.config.mask_token_id,
-        eos_id=model.config.eos_token_id, eot_id=model.tokenizer.eot_id, clauses=clauses, **kw)
+        eos_id=model.config.eos_token_id, eot_id=model.tokenizer.eot_id, stats=stats, **kw)
     return x[0, len(prompt):].numpy(), nfe[0]
 
 
@@ -220,6 +220,7 @@ def test_dual_cache_keeps_localleap_accuracy_on_the_embedded_model():
     assert identical >= DUAL_IDENTICAL_AT_LEAST
 
 
-# Measured on the shipped model (see the closing note of the KV-cache issue), with a margin.
-DUAL_ACCURACY_MARGIN = 0.05
-DUAL_IDENTICAL_AT_LEAST = 0.3
+# Measured on the shipped model over these 96 problems: accuracy 0.885 with and without the dual cache,
+# 99% of outputs identical. The margins absorb floating-point differences between CPUs.
+DUAL_ACCURACY_MARGIN = 0.03
+DUAL_IDENTICAL_AT_LEAST = 0.9
