@@ -301,8 +301,7 @@ def _to_device_one_leaf_at_a_time(tree: dict) -> dict:
         if isinstance(value, dict):
             _to_device_one_leaf_at_a_time(value)
         else:
-            tree[key] = jax.block_until_ready(jax.device_put(value))
-            del value
+            tree[key] = jax.block_until_ready(jax.device_put(value))  # drops the NumPy leaf
     return tree
 
 

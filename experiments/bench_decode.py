@@ -44,12 +44,9 @@ def prompts_for(args, model, B: int):
 
 
 def generated_tokens(tokens: np.ndarray, prompt_length: int, stop_ids) -> int:
-    gen = tokens[:, prompt_length:]
-    count = 0
-    for row in gen:
-        stops = np.flatnonzero(np.isin(row, stop_ids))
-        count += stops[0] if stops.size else row.size
-    return int(count)
+    """Generated tokens before each row's first EOS/EOT, summed over rows."""
+    from localleap_jax.tokenizer import cut_at_stop
+    return sum(len(cut_at_stop(row, stop_ids)) for row in tokens[:, prompt_length:])
 
 
 def step_functions(model, P: int, cfg):

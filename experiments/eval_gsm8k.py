@@ -182,7 +182,7 @@ def run_strategy(model, strategy: str, cache_mode: str, args, task: str, include
                             f"--data FILE.jsonl (e.g. ../shared/data/gsm8k/test.jsonl)") from None
         raise
     samples = res["samples"][task]
-    return cfg, lm, samples
+    return lm, samples
 
 
 def collect(strategy: str, lm, samples: list[dict]) -> list[dict]:
@@ -290,7 +290,7 @@ def run(args) -> int:
         for strategy in strategies:
             name = strategy if len(caches) == 1 else f"{strategy}+{cache_mode}"
             t0 = time.time()
-            cfg, lm, samples = run_strategy(model, strategy, cache_mode, args, task, include, data_desc, out)
+            lm, samples = run_strategy(model, strategy, cache_mode, args, task, include, data_desc, out)
             rows = collect(name, lm, samples)
             all_rows += rows
             summary[name] = summarize(rows)

@@ -180,8 +180,8 @@ def decode_loop(params, ids: Int[Array, "B P"], mask: Bool[Array, "B P"], rng: j
     # B > 1. bench_decode.py reports both the passes and the full passes.
     together = cfg.cache != "none"
 
-    def block_hidden(state: LoopState, starts, idx, need_refresh) -> tuple[Float[Array, "B T D"], Any]:
-        """Hidden states at each row's block positions `idx` [B, T], and the (possibly refreshed) cache."""
+    def block_hidden(state: LoopState, starts, idx, x_blk, need_refresh) -> tuple[Float[Array, "B T D"], Any]:
+        """Hidden states at each row's block positions `idx` [B, T] (tokens `x_blk`), and the cache."""
         if cfg.cache == "none":
             h, _ = trunk(params, state.x, positions, key_mask, config)
             return _rows_take(h, idx), ()
@@ -194,7 +194,7 @@ def decode_loop(params, ids: Int[Array, "B P"], mask: Bool[Array, "B P"], rng: j
         def cached(_):
             if cfg.cache == "dual":  # queries: the block only; every other position's K/V cached
                 write = CacheWrite(starts, jnp.ones((B, T), bool))
-                h = trunk_cached(params, _rows_take(state.x, idx), _rows_take(positions, idx), key_mask,
+                h = trunk_cached(params, x_blk, _rows_take(positions, idx), key_mask,
                                  state.cache, write, config)
                 return h, state.cache
             # prefix: the block and everything after it are recomputed; the prefix K/V are cached.
@@ -212,11 +212,11 @@ def decode_loop(params, ids: Int[Array, "B P"], mask: Bool[Array, "B P"], rng: j
         idx = starts[:, None] + in_block  # [B, T]
         # A cache is refreshed when the (shared) block starts: Fast-dLLM's full forward per block.
         need_refresh = jnp.any(~state.done & (state.step_in_block == 0))
-        h, cache = block_hidden(state, starts, idx, need_refresh)
+        x_blk = _rows_take(state.x, idx)
+        h, cache = block_hidden(state, starts, idx, x_blk, need_refresh)
         logits = head(params, h, config)  # [B, T, V]
         key = None if rng is None else jax.random.fold_in(rng, state.passes)
         pred, conf = predict(logits, cfg, special, key)
-        x_blk = _rows_take(state.x, idx)
         candidates = (x_blk == special.mask) & ~state.done[:, None]
         working = jnp.any(candidates, axis=1)
         p = strategies.RuleParams(cfg.kappa, cfg.tau, cfg.radius, schedule_quota(state.step_in_block, cfg))
@@ -302,21 +302,20 @@ def prepare_inputs(ids, mask, cfg: DecodeConfig, config: ModelConfig, rng) -> tu
     return ids, mask, pad
 
 
-_COMPILED: dict = {}
+_COMPILED: dict = {}  # program key -> compiled executable, shared by generate and parallel.generate_parallel
 
 
-def _compiled_loop(params, ids, mask, rng, config: ModelConfig, cfg: DecodeConfig, special: SpecialIds):
-    """The compiled program for these shapes and settings, and the seconds spent compiling it (0 if cached)."""
+def compile_once(params, arrays, settings: tuple, lower) -> tuple[Any, float]:
+    """The compiled program for these parameters, input shapes and static settings, compiling it with
+    `lower()` only on first use; returns (executable, seconds spent compiling, 0.0 if it was cached)."""
     spec = lambda a: None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype)  # noqa: E731
     leaves, treedef = jax.tree.flatten(params)
-    key = (config, cfg, special, ids.shape, treedef, tuple(map(spec, leaves)), spec(rng))
+    key = (settings, treedef, tuple(map(spec, leaves)), tuple(map(spec, arrays)))
     if key in _COMPILED:
         return _COMPILED[key], 0.0
     t0 = time.perf_counter()
-    fn = jax.jit(decode_loop, static_argnames=("config", "cfg", "special"))
-    compiled = fn.lower(params, ids, mask, rng, config=config, cfg=cfg, special=special).compile()
-    _COMPILED[key] = compiled
-    return compiled, time.perf_counter() - t0
+    _COMPILED[key] = lower().compile()
+    return _COMPILED[key], time.perf_counter() - t0
 
 
 def special_ids(model) -> SpecialIds:
@@ -329,7 +328,10 @@ def generate(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax
     ids_b, mask_b, pad = prepare_inputs(ids, mask, cfg, model.config, rng)
     special = special_ids(model)
     sampling_rng = rng if cfg.temperature > 0 else None
-    compiled, compile_s = _compiled_loop(model.params, ids_b, mask_b, sampling_rng, model.config, cfg, special)
+    loop = jax.jit(decode_loop, static_argnames=("config", "cfg", "special"))
+    compiled, compile_s = compile_once(
+        model.params, (ids_b, mask_b, sampling_rng), ("single", model.config, cfg, special),
+        lambda: loop.lower(model.params, ids_b, mask_b, sampling_rng, config=model.config, cfg=cfg, special=special))
     t0 = time.perf_counter()
     x, nfe, passes, full = compiled(model.params, ids_b, mask_b, sampling_rng)
     x = np.asarray(x)  # waits for the device

@@ -14,10 +14,10 @@ import time
 import jax
 import numpy as np
 
-from localleap_jax.decode import DecodeConfig, Generation, decode_loop, generate, prepare_inputs, special_ids
+from localleap_jax.decode import (DecodeConfig, Generation, compile_once, decode_loop, generate, prepare_inputs,
+                                  special_ids)
 
 _REPLICATED: dict = {}  # id(params), devices -> (params, replicated params); one model at a time
-_COMPILED: dict = {}
 
 
 def _replicated(params, devices):
@@ -49,15 +49,11 @@ def generate_parallel(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(),
     special = special_ids(model)
     params = _replicated(model.params, devices)
 
-    key = (model.config, cfg, special, ids_b.shape, tuple(devices), sampling)
-    fn = _COMPILED.get(key)
-    compile_s = 0.0
-    if fn is None:
-        loop = functools.partial(decode_loop, config=model.config, cfg=cfg, special=special)
-        pmapped = jax.pmap(loop, in_axes=(None, 0, 0, 0 if sampling else None), devices=devices)
-        t0 = time.perf_counter()
-        fn = _COMPILED[key] = pmapped.lower(params, ids_b, mask_b, keys).compile()
-        compile_s = time.perf_counter() - t0
+    loop = functools.partial(decode_loop, config=model.config, cfg=cfg, special=special)
+    pmapped = jax.pmap(loop, in_axes=(None, 0, 0, 0 if sampling else None), devices=devices)
+    fn, compile_s = compile_once(model.params, (ids_b, mask_b, keys),
+                                 ("pmap", model.config, cfg, special, tuple(devices)),
+                                 lambda: pmapped.lower(params, ids_b, mask_b, keys))
     t0 = time.perf_counter()
     x, nfe, passes, full = fn(params, ids_b, mask_b, keys)
     x = np.asarray(x).reshape(n * per, -1)[:B]
