@@ -1,0 +1,78 @@
+"""The per-pass trace of a generation, and its compact file form.
+
+`generate(..., trace=True)` records, inside the one compiled loop, what the model predicted at every
+position of the generated region at every forward pass of each row, and what the rule committed.
+Pass s of a row is that row's own s-th forward pass (its NFE count before the pass), so a row's
+trace does not depend on the other rows of its batch when they advance independently.
+
+Shapes: B rows, S = gen_length (the static bound on passes: every working row commits at least one
+token per pass), G = gen_length positions. Entries past a row's `passes`, and positions the pass did
+not compute (with a KV cache only the window the pass ran has predictions), hold pred -1 and conf NaN.
+
+A trace file (`save_trace`) is one compressed .npz holding the arrays (cut to the longest row's
+passes), the clause names, the decoded texts and a JSON dict of whatever the caller wants kept
+beside them (model, strategy, prompts), so the analyses run later without the model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+from jaxtyping import Bool, Float, Int
+
+
+class Trace(NamedTuple):
+    pred: Int[np.ndarray, "B S G"]  # prediction at each generated position at pass s (-1: not computed)
+    conf: Float[np.ndarray, "B S G"]  # its confidence (softmax probability), NaN where not computed
+    committed: Bool[np.ndarray, "B S G"]  # the position took its prediction at pass s
+    clause: Int[np.ndarray, "B S G"]  # 0: not committed at s; k > 0: committed by clause_names[k - 1]
+    clause_names: tuple[str, ...]  # what the rule calls its clauses ("commit" when it does not say)
+    token: Int[np.ndarray, "B G"]  # the final generated tokens
+    commit_pass: Int[np.ndarray, "B G"]  # the pass at which each position committed; -1: never (early-stop fill)
+    passes: Int[np.ndarray, "B"]  # valid passes per row (its NFE)
+
+    @property
+    def masked(self) -> Bool[np.ndarray, "B S G"]:
+        """True where the position was still masked when pass s ran (it was a candidate prediction)."""
+        s = np.arange(self.pred.shape[1])[None, :, None]
+        cp = self.commit_pass[:, None, :]
+        return (s <= cp) & (cp >= 0) | (cp < 0) & (s < self.passes[:, None, None])
+
+    def row(self, b: int) -> "Trace":
+        """Row b alone, with its passes only (S cut to passes[b])."""
+        n = int(self.passes[b])
+        return Trace(self.pred[b:b + 1, :n], self.conf[b:b + 1, :n], self.committed[b:b + 1, :n],
+                     self.clause[b:b + 1, :n], self.clause_names, self.token[b:b + 1], self.commit_pass[b:b + 1],
+                     self.passes[b:b + 1])
+
+
+_ARRAYS = ("pred", "conf", "committed", "clause", "token", "commit_pass", "passes")
+
+
+def save_trace(path: str | Path, trace: Trace, texts: Sequence[str] | None = None,
+               meta: dict[str, Any] | None = None) -> Path:
+    """Write one compressed .npz: the arrays (S cut to the longest row), clause names, texts and meta."""
+    path = Path(path)
+    S = max(int(np.max(trace.passes, initial=0)), 1)
+    arrays = {name: np.asarray(getattr(trace, name)) for name in _ARRAYS}
+    for name in ("pred", "conf", "committed", "clause"):
+        arrays[name] = arrays[name][:, :S]
+    extra = {"clause_names": list(trace.clause_names), "texts": list(texts) if texts is not None else None,
+             "meta": meta or {}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:  # a file object: numpy would otherwise append .npz to other suffixes
+        np.savez_compressed(f, **arrays, extra=np.frombuffer(json.dumps(extra).encode(), np.uint8))
+    return path
+
+
+def load_trace(path: str | Path) -> tuple[Trace, list[str] | None, dict[str, Any]]:
+    """(trace, texts, meta) from a file written by `save_trace`."""
+    with np.load(Path(path), allow_pickle=False) as z:
+        extra = json.loads(bytes(z["extra"]).decode())
+        trace = Trace(pred=z["pred"], conf=z["conf"], committed=z["committed"], clause=z["clause"],
+                      clause_names=tuple(extra["clause_names"]), token=z["token"], commit_pass=z["commit_pass"],
+                      passes=z["passes"])
+    return trace, extra["texts"], extra["meta"]
