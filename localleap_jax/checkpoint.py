@@ -157,6 +157,38 @@ def read_manifest(path: str | Path) -> dict:
     return manifest
 
 
+def hash_params_files(params_dir: str | Path, chunk: int = 1 << 26) -> dict[str, str]:
+    """sha256 of every file under params/, by path relative to it (chunked reads: bounded memory)."""
+    import hashlib
+
+    params_dir = Path(params_dir)
+    out = {}
+    for f in sorted(p for p in params_dir.rglob("*") if p.is_file()):
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            while block := fh.read(chunk):
+                h.update(block)
+        out[f.relative_to(params_dir).as_posix()] = h.hexdigest()
+    return out
+
+
+def fingerprint_of(file_hashes: Mapping[str, str]) -> str:
+    """One hex digest naming the parameter contents (independent of where the directory lives)."""
+    import hashlib
+
+    return hashlib.sha256("".join(f"{k}\t{v}\n" for k, v in sorted(file_hashes.items())).encode()).hexdigest()
+
+
+def params_fingerprint(path: str | Path) -> str:
+    """Content fingerprint of a checkpoint's parameters: the one manifest.json recorded when the
+    checkpoint was written, else computed now from the files under params/."""
+    manifest = read_manifest(path)
+    recorded = manifest.get("params_fingerprint")
+    if isinstance(recorded, str) and recorded:
+        return recorded
+    return fingerprint_of(hash_params_files(Path(path) / "params"))
+
+
 def load(path: str | Path, dtype: str | Any = "bfloat16") -> Model:
     """Restore a checkpoint directory with Orbax, straight into `dtype` on the default device."""
     import orbax.checkpoint as ocp
