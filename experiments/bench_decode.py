@@ -55,13 +55,14 @@ def step_functions(model, P: int, cfg):
     from localleap_jax.model import forward, head, positions_from_mask, trunk
 
     special = special_ids(model)
+    loop = cfg.loop_settings()
 
     def full_head(params, ids, mask):  # what the published code does: logits for every position
-        return predict(forward(params, ids, mask, model.config), cfg, special, None)
+        return predict(forward(params, ids, mask, model.config), loop, special, None)[:2]
 
     def block_head(params, ids, mask):  # what generate does
         h, _ = trunk(params, ids, positions_from_mask(mask), mask, model.config)
-        return predict(head(params, h[:, P:P + cfg.block_length], model.config), cfg, special, None)
+        return predict(head(params, h[:, P:P + cfg.block_length], model.config), loop, special, None)[:2]
 
     return jax.jit(full_head), jax.jit(block_head)
 

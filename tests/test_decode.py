@@ -116,9 +116,10 @@ def test_the_whole_generation_is_one_device_loop(sharp):
     model, _ = sharp
     cfg = ll.DecodeConfig(gen_length=16, block_length=8)
     ids, mask = left_pad(PROMPTS, 0)
-    jaxpr = jax.make_jaxpr(lambda p, i, m: decode.decode_loop(p, i, m, None, config=model.config, cfg=cfg,
-                                                                 special=decode.special_ids(model)))(
-        model.params, ids, mask)
+    rule = cfg.rule.with_rows(len(PROMPTS))
+    jaxpr = jax.make_jaxpr(lambda d, i, m, r: decode.decode_loop(d, i, m, None, r, loop=cfg.loop_settings(),
+                                                                    special=decode.special_ids(model)))(
+        decode.denoiser_of(model), ids, mask, rule)
     top = [e.primitive.name for e in jaxpr.jaxpr.eqns]
     assert top.count("while") == 1
     assert not any("callback" in str(e.primitive) for e in jaxpr.jaxpr.eqns)
@@ -131,10 +132,13 @@ def test_the_whole_generation_is_one_device_loop(sharp):
     (dict(kappa=1.5), r"kappa=1.5 must lie in \(0, 1\]"),
     (dict(tau=0.0), r"tau=0.0 must lie in \(0, 1\]"),
     (dict(tau=0.95, kappa=0.9), "tau=0.95 > kappa=0.9"),
-    (dict(strategy="greedy"), "unknown strategy 'greedy'; choose from localleap, low_confidence, threshold"),
+    (dict(strategy="greedy"), "unknown strategy 'greedy'; choose from .*localleap, low_confidence, margin"),
     (dict(cache="full"), "unknown cache 'full'"),
     (dict(temperature=0.7), "pass rng"),
-    (dict(gen_length=512, block_length=32), "exceeds the model's max_sequence_length"),
+    (dict(gen_length=508, block_length=4), "exceeds the model's max_sequence_length"),
+    (dict(gen_length=512, block_length=32), "gen_length=512 leaves no room for a prompt"),
+    (dict(gen_length=16.0), "gen_length=16.0 must be a whole number"),
+    (dict(radius=2.5), "radius=2.5 must be a whole number"),
 ])
 def test_bad_configs_fail_before_compiling(sharp, change, message):
     model, _ = sharp

@@ -1,0 +1,102 @@
+"""The model as the decode loop sees it: a function from a canvas to hidden states and logits.
+
+The loop is given a denoiser instead of reaching into the model, so its bookkeeping (blocks, early
+stop, NFE, rule state, caches) can be tested with a stub in milliseconds, and another model family
+only has to provide these four things:
+
+    full(x, positions, key_mask)                     -> (hidden [B, L, D], cache)   a whole-canvas pass
+    window(tokens, positions, key_mask, cache, write) -> hidden [B, Q, D]           Q positions of the
+                                                         canvas, other positions' K/V read from `cache`
+    head(hidden)                                      -> logits [..., V] (fp32)
+    empty_cache(batch, length)                        -> the cache's initial value
+
+`shift` is 1 when position i is predicted from the hidden state at i - 1 (Dream), else 0. A denoiser
+is a pytree (its arrays are inputs of the compiled program, not constants baked into it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import jax.numpy as jnp
+from flax import struct
+from jaxtyping import Array, Bool, Float, Int
+
+from localleap_jax.config import ModelConfig
+from localleap_jax.model import CacheWrite, KVCache, Params, head, trunk, trunk_cached
+
+
+class Denoiser(Protocol):
+    shift: int
+    vocab: int
+
+    def full(self, x: Int[Array, "B L"], positions: Int[Array, "B L"], key_mask: Bool[Array, "B L"]
+             ) -> tuple[Float[Array, "B L D"], Any]: ...
+
+    def window(self, tokens: Int[Array, "B Q"], positions: Int[Array, "B Q"], key_mask: Bool[Array, "B L"],
+               cache: Any, write: CacheWrite) -> Float[Array, "B Q D"]: ...
+
+    def head(self, hidden: Float[Array, "... D"]) -> Float[Array, "... V"]: ...
+
+    def empty_cache(self, batch: int, length: int) -> Any: ...
+
+
+@struct.dataclass
+class ModelDenoiser:
+    """A LLaDA/Dream parameter tree and its config (model.py's pure functions)."""
+
+    params: Params
+    config: ModelConfig = struct.field(pytree_node=False)
+
+    @property
+    def shift(self) -> int:
+        return getattr(self.config, "logits_shift", 0)
+
+    @property
+    def vocab(self) -> int:
+        return self.params["ff_out"]["kernel"].shape[-1]
+
+    def full(self, x, positions, key_mask):
+        return trunk(self.params, x, positions, key_mask, self.config)
+
+    def window(self, tokens, positions, key_mask, cache, write):
+        return trunk_cached(self.params, tokens, positions, key_mask, cache, write, self.config)
+
+    def head(self, hidden):
+        return head(self.params, hidden, self.config)
+
+    def empty_cache(self, batch, length):
+        c = self.config
+        shape = (c.n_layers, batch, length, c.n_kv_heads, c.head_dim)
+        dtype = self.params["wte"]["embedding"].dtype
+        return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+
+@struct.dataclass
+class FunctionDenoiser:
+    """A stub: `logits_fn(canvas [B, L]) -> logits [B, L, V]` stands in for the whole model.
+
+    Its hidden states are the logits themselves (the head is the identity), and its "cache" is the
+    canvas as it was at the last full pass: a windowed pass sees this step's tokens at the window's
+    fresh positions and the cached canvas everywhere else, which is exactly what a K/V cache
+    approximates. Use it to test rules and the loop without weights."""
+
+    logits_fn: Callable = struct.field(pytree_node=False)
+    vocab: int = struct.field(pytree_node=False)
+    shift: int = struct.field(pytree_node=False, default=0)
+
+    def full(self, x, positions, key_mask):
+        return self.logits_fn(x).astype(jnp.float32), x
+
+    def window(self, tokens, positions, key_mask, cache, write):
+        Q = tokens.shape[1]
+        at = write.start[:, None] + jnp.arange(Q)
+        rows = jnp.arange(tokens.shape[0])[:, None]
+        seen = cache.at[rows, at].set(jnp.where(write.fresh, tokens, cache[rows, at]))
+        return self.logits_fn(seen).astype(jnp.float32)[rows, at]
+
+    def head(self, hidden):
+        return hidden
+
+    def empty_cache(self, batch, length):
+        return jnp.zeros((batch, length), jnp.int32)

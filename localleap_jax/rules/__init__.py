@@ -1,0 +1,29 @@
+"""Decoding rules: which still-masked positions of each row's current block commit this step.
+
+    import localleap_jax as ll
+    r = ll.rule("localleap", kappa=0.9, tau=0.75, radius=4)     # or ll.rule("localleap:kappa=0.9")
+    cfg = ll.DecodeConfig(strategy=r, gen_length=256, block_length=32)
+
+A rule is a frozen dataclass holding its settings, with `init(batch, block, vocab) -> state` and
+`update(signals, state) -> (commit, state)` (see `base`). Settings are traced arrays of one value
+per row inside the compiled loop. Rules by module:
+
+  confidence   low_confidence (LLaDA), threshold and factor (Fast-dLLM), localleap
+  uncertainty  margin, entropy (schedule by another ranking), eb (EB-Sampler)
+  stateful     stable (this project's worked example); klass (KLASS)
+  combinators  any_of, all_of
+"""
+
+from localleap_jax.rules.base import (DecodeError, Rule, RuleBase, Signals, first_clause, most_confident, per_row,
+                                      rank_by, setting, top_k)
+from localleap_jax.rules.registry import (RULES, FunctionRule, LegacyRule, RuleParams, parse_spec, register,
+                                          register_rule, rule, split_specs, stateless)
+from localleap_jax.rules.confidence import Factor, LocalLeap, LowConfidence, Threshold, near_any  # noqa: E402
+from localleap_jax.rules.uncertainty import EntropyBounded, Entropy, Margin  # noqa: E402
+from localleap_jax.rules.stateful import Stable  # noqa: E402
+from localleap_jax.rules.combinators import AllOf, AnyOf, all_of, any_of  # noqa: E402
+
+__all__ = ["AllOf", "AnyOf", "DecodeError", "Entropy", "EntropyBounded", "Factor", "FunctionRule", "LegacyRule",
+           "LocalLeap", "LowConfidence", "Margin", "RULES", "Rule", "RuleBase", "RuleParams", "Signals", "Stable",
+           "Threshold", "all_of", "any_of", "first_clause", "most_confident", "near_any", "parse_spec", "per_row",
+           "rank_by", "register", "register_rule", "rule", "setting", "split_specs", "stateless", "top_k"]

@@ -1,0 +1,230 @@
+"""What every decoding rule shares: the step's signals, the rule protocol, settings, clause codes.
+
+A rule decides, once per forward pass, which still-masked positions of each row's current block
+take their prediction. It is a frozen dataclass holding its own settings, with optax-style pure
+functions:
+
+    state = rule.init(batch, block, vocab)              # per-row state, leading axis B
+    commit, state = rule.update(signals, state)         # commit [B, T]: bool, or int8 clause codes
+
+`commit` may be a bool mask, or int8 clause codes (0: no commit, k: committed by
+`rule.clause_names[k - 1]`) when the rule can say why it committed a position (traces and
+statistics use them). The loop keeps the contract whatever the rule returns: only candidates
+commit, and each working row commits at least one (its most confident candidate, where the rule
+chose none). It resets a row's
+state when the row enters a new block.
+
+Settings are traced, per row. Every numeric setting is a pytree leaf: `generate` turns each into
+an array of shape [B] (a scalar is broadcast), so the compiled program does not depend on their
+values (a sweep compiles once) and one batch can hold rows with different settings. Inside
+`update` a setting is therefore an array [B]; `per_row(x)` makes it broadcast against [B, T].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, ClassVar, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jaxtyping import Array, Bool, Float, Int
+
+State = Any  # a pytree whose leaves have a leading batch axis; () for stateless rules
+
+
+class DecodeError(ValueError):
+    """A decoding configuration or input that cannot run."""
+
+
+# ---------------------------------------------------------------- the step's signals
+
+
+class Signals:
+    """What one forward pass knows about each position of every row's current block.
+
+    `pred`, `conf` and `candidates` are always there; the distribution-derived signals are computed
+    (in fp32) only when a rule reads them: an attribute nobody touches never enters the program.
+    `logits` are the block's fp32 scores after LLaDA's switches (EOS/EOT at -inf when the config
+    says so), the distribution every confidence-like signal comes from.
+    """
+
+    def __init__(self, *, logits: Float[Array, "B T V"], pred: Int[Array, "B T"], conf: Float[Array, "B T"],
+                 candidates: Bool[Array, "B T"], step: Int[Array, "B"], gen_length: int, block_length: int):
+        self.logits = logits
+        self.pred = pred
+        self.conf = conf
+        self.candidates = candidates
+        self.step = step  # passes this row has already worked in its current block
+        self.gen_length = gen_length
+        self.block_length = block_length
+
+    @functools.cached_property
+    def probs(self) -> Float[Array, "B T V"]:
+        return jax.nn.softmax(self.logits, axis=-1)
+
+    @functools.cached_property
+    def margin(self) -> Float[Array, "B T"]:
+        """Top-1 minus top-2 probability."""
+        top2 = jax.lax.top_k(self.probs, 2)[0]
+        return top2[..., 0] - top2[..., 1]
+
+    @functools.cached_property
+    def entropy(self) -> Float[Array, "B T"]:
+        """-sum p log p in nats (0 log 0 = 0)."""
+        logp = jax.nn.log_softmax(self.logits, axis=-1)
+        return -jnp.sum(jnp.where(self.probs > 0, self.probs * logp, 0.0), axis=-1)
+
+    def quota(self, steps: Int[Array, "B"] | int | None) -> Int[Array, "B"]:
+        """LLaDA's get_num_transfer_tokens: how many tokens this step commits when `steps` steps (in
+        total over the canvas) decode it; block_length is spread over the block's steps, remainder first.
+        None means gen_length steps (one token per step)."""
+        T = self.block_length
+        if steps is None:
+            return jnp.ones(self.step.shape, jnp.int32)
+        per_block = jnp.asarray(steps, jnp.int32) // (self.gen_length // T)
+        base, remainder = T // per_block, T % per_block
+        return (base + (self.step < remainder)).astype(jnp.int32)
+
+
+# ---------------------------------------------------------------- small array helpers
+
+
+def per_row(x) -> Array:
+    """A setting (scalar or [B]) shaped to broadcast against [B, T]."""
+    x = jnp.asarray(x)
+    return x[:, None] if x.ndim == 1 else x
+
+
+def most_confident(conf: Float[Array, "B T"], candidates: Bool[Array, "B T"]) -> Bool[Array, "B T"]:
+    """One-hot of each row's most confident candidate (lowest index on ties); empty if none."""
+    best = jnp.argmax(jnp.where(candidates, conf, -jnp.inf), axis=-1)
+    return candidates & (jnp.arange(conf.shape[-1]) == best[:, None])
+
+
+def rank_by(score: Float[Array, "B T"], candidates: Bool[Array, "B T"]) -> Int[Array, "B T"]:
+    """Each candidate's rank by `score`, highest first (0 = best), lowest index first on ties;
+    non-candidates rank after every candidate."""
+    keyed = jnp.where(candidates, score, -jnp.inf)
+    order = jnp.argsort(-keyed, axis=-1, stable=True)
+    return jnp.argsort(order, axis=-1, stable=True)
+
+
+def top_k(score: Float[Array, "B T"], candidates: Bool[Array, "B T"], k: Int[Array, "B"]) -> Bool[Array, "B T"]:
+    """The k best candidates of each row by `score` (k per row)."""
+    return candidates & (rank_by(score, candidates) < per_row(k))
+
+
+def first_clause(*clauses: Bool[Array, "B T"]) -> Int[Array, "B T"]:
+    """int8 clause codes: k where clauses[k - 1] is the first clause that holds, 0 where none does."""
+    code = jnp.zeros(clauses[0].shape, jnp.int8)
+    for k in range(len(clauses), 0, -1):
+        code = jnp.where(clauses[k - 1], jnp.int8(k), code)
+    return code
+
+
+# ---------------------------------------------------------------- settings
+
+
+def setting(default, kind: type = float, *, low=None, high=None, low_open: bool = False,
+            none_ok: bool = False):
+    """A numeric setting: a traced pytree leaf, validated against [low, high] (or (low, high])."""
+    return struct.field(default=default, metadata={"setting": (kind, low, high, low_open, none_ok)})
+
+
+def settings_of(rule) -> dict[str, Any]:
+    return {f.name: getattr(rule, f.name) for f in dataclasses.fields(rule) if "setting" in f.metadata}
+
+
+def check_settings(rule) -> None:
+    """Every setting is a number, or an array of one per row, of the right kind and inside its range."""
+    for f in dataclasses.fields(rule):
+        if "setting" not in f.metadata:
+            continue
+        kind, low, high, low_open, none_ok = f.metadata["setting"]
+        value = getattr(rule, f.name)
+        if value is None and none_ok or isinstance(value, jax.core.Tracer):
+            continue
+        where = f"{rule.name}: {f.name}={value!r}"
+        try:
+            if value is None or isinstance(value, (str, bytes)) or np.asarray(value).dtype == bool:
+                raise TypeError
+            values = np.atleast_1d(np.asarray(value, dtype=np.float64))
+        except (TypeError, ValueError):
+            raise DecodeError(f"{where} must be a number (or an array of one per row)") from None
+        if np.ndim(value) > 1:
+            raise DecodeError(f"{rule.name}: {f.name} must be a number or one value per row (shape [B]), "
+                              f"got shape {np.shape(value)}")
+        for v in values:
+            shown = value if isinstance(value, (int, float)) else f"{v:g}"  # as the user wrote it, where possible
+            what = (f"{rule.name}: {f.name}={shown}" if np.ndim(value) == 0
+                    else f"{rule.name}: {f.name} holds {v:g}, which")
+            if not np.isfinite(v):
+                raise DecodeError(f"{what} must be finite")
+            if kind is int and v != round(v):
+                raise DecodeError(f"{what} must be a whole number")
+            if low is not None and (v <= low if low_open else v < low) or high is not None and v > high:
+                lo = "(-inf" if low is None else (f"({low:g}" if low_open else f"[{low:g}")
+                hi = "inf)" if high is None else f"{high:g}]"
+                raise DecodeError(f"{what} must lie in {lo}, {hi}")
+
+
+def settings_as_rows(rule, batch: int) -> dict[str, np.ndarray]:
+    """Every (non-None) setting as an array of shape [batch], int32 or float32: the traced form."""
+    out = {}
+    for f in dataclasses.fields(rule):
+        value = getattr(rule, f.name)
+        if "setting" not in f.metadata or value is None:
+            continue
+        arr = np.asarray(value)
+        if arr.ndim == 1 and arr.shape[0] != batch:
+            raise DecodeError(f"{rule.name}: {f.name} has {arr.shape[0]} values for a batch of {batch} rows")
+        out[f.name] = np.broadcast_to(arr, (batch,)).astype(np.int32 if f.metadata["setting"][0] is int else np.float32)
+    return out
+
+
+def _format(v) -> str:
+    arr = np.asarray(v)
+    if arr.ndim == 0:
+        x = arr.item()
+        return f"{x:g}" if isinstance(x, float) else str(x)
+    return "[" + ";".join(_format(x) for x in arr) + "]"
+
+
+class RuleBase:
+    """Mixin for rule dataclasses: `name`, `clause_names`, `spec()`, `validate()`, stateless `init`."""
+
+    name: ClassVar[str]
+    clause_names: ClassVar[tuple[str, ...]] = ("commit",)
+
+    def init(self, batch: int, block: int, vocab: int) -> State:
+        return ()
+
+    def validate(self, gen_length: int | None = None, block_length: int | None = None):
+        """Raise DecodeError for a setting this rule cannot run with (before anything compiles)."""
+        check_settings(self)
+        return self
+
+    def with_rows(self, batch: int):
+        """This rule with every setting an array of shape [batch]: what the compiled loop receives."""
+        return dataclasses.replace(self, **settings_as_rows(self, batch))
+
+    def spec(self) -> str:
+        """'name:setting=value,...' with every setting, sorted: parses back with `rule(...)`."""
+        items = sorted((k, v) for k, v in settings_of(self).items() if v is not None)
+        return self.name + (":" + ",".join(f"{k}={_format(v)}" for k, v in items) if items else "")
+
+
+class Rule(Protocol):
+    name: str
+    clause_names: tuple[str, ...]
+
+    def init(self, batch: int, block: int, vocab: int) -> State: ...
+
+    def update(self, signals: Signals, state: State) -> tuple[Array, State]: ...
+
+    def validate(self, gen_length: int | None = None, block_length: int | None = None) -> "Rule": ...
+
+    def spec(self) -> str: ...

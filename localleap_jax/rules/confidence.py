@@ -1,0 +1,120 @@
+"""Rules that rank by confidence: LLaDA's schedule, Fast-dLLM's threshold and factor, LocalLeap."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jaxtyping import Array, Bool, Int
+
+from localleap_jax.rules.base import (DecodeError, RuleBase, Signals, first_clause, most_confident, per_row, setting,
+                                      top_k)
+from localleap_jax.rules.registry import register_rule
+
+
+def check_steps(rule, steps, gen_length: int | None, block_length: int | None) -> None:
+    """LLaDA's schedule needs a whole number of steps per block, and no step that commits nothing."""
+    if steps is None or gen_length is None or block_length is None or isinstance(steps, jax.core.Tracer):
+        return
+    num_blocks = gen_length // block_length
+    for s in jnp.atleast_1d(jnp.asarray(steps)).tolist():
+        if s % num_blocks:
+            raise DecodeError(f"{rule.name}: steps={s} is not a positive multiple of the number of blocks "
+                              f"({num_blocks})")
+        if s > gen_length:
+            raise DecodeError(f"{rule.name}: steps={s} > gen_length={gen_length}: some steps would commit nothing")
+
+
+@register_rule("low_confidence")
+@struct.dataclass
+class LowConfidence(RuleBase):
+    """LLaDA's baseline (`generate.py`, remasking="low_confidence"): commit the k most confident
+    candidates, k from LLaDA's fixed per-block schedule for `steps` total steps (None: gen_length,
+    one token per step)."""
+
+    steps: int | None = setting(None, int, low=1, none_ok=True)
+    clause_names = ("top1", "schedule")
+
+    def validate(self, gen_length=None, block_length=None):
+        super().validate()
+        check_steps(self, self.steps, gen_length, block_length)
+        return self
+
+    def update(self, s: Signals, state):
+        chosen = top_k(s.conf, s.candidates, s.quota(self.steps))
+        return first_clause(most_confident(s.conf, s.candidates), chosen), state
+
+
+@register_rule("threshold")
+@struct.dataclass
+class Threshold(RuleBase):
+    """Fast-dLLM's parallel decoding (`get_transfer_index` with a threshold): the most confident
+    candidate, and every candidate with confidence >= kappa."""
+
+    kappa: float = setting(0.9, low=0.0, high=1.0, low_open=True)
+    clause_names = ("top1", "threshold")
+
+    def update(self, s: Signals, state):
+        over = s.candidates & (s.conf >= per_row(self.kappa))
+        return first_clause(most_confident(s.conf, s.candidates), over), state
+
+
+def near_any(marks: Bool[Array, "B T"], radius: Int[Array, "B"]) -> Bool[Array, "B T"]:
+    """True within `radius` positions (per row, traced) of any marked position.
+
+    The distance to the nearest mark on each side comes from a forward and a backward cumulative
+    max of the marks' indices, so no static window is needed."""
+    T = marks.shape[-1]
+    pos = jnp.arange(T)
+    far = 2 * T + 1  # farther than any radius that matters
+    before = jax.lax.cummax(jnp.where(marks, pos, -far), axis=1)  # index of the nearest mark at or before i
+    after = -jax.lax.cummax(jnp.where(marks, -pos, -3 * far), axis=1, reverse=True)  # at or after i
+    r = jnp.minimum(per_row(radius), T)  # a radius past the block reaches the same positions as T
+    return (pos - before <= r) | (after - pos <= r)
+
+
+@register_rule("localleap")
+@struct.dataclass
+class LocalLeap(RuleBase):
+    """LocalLeap (arXiv 2510.07081, Local Determinism Propagation): threshold decoding at kappa, plus
+    every candidate with confidence >= tau within `radius` (W) positions of an anchor, a candidate
+    with confidence >= kappa."""
+
+    kappa: float = setting(0.9, low=0.0, high=1.0, low_open=True)
+    tau: float = setting(0.75, low=0.0, high=1.0, low_open=True)
+    radius: int = setting(4, int, low=0)
+    clause_names = ("top1", "anchor", "relaxed")
+
+    def validate(self, gen_length=None, block_length=None):
+        super().validate()
+        if not isinstance(self.tau, jax.core.Tracer) and not isinstance(self.kappa, jax.core.Tracer):
+            over = jnp.asarray(self.tau) > jnp.asarray(self.kappa)
+            if bool(jnp.any(over)):
+                raise DecodeError(f"localleap: tau={self.tau} > kappa={self.kappa}: the relaxed threshold must not "
+                                  "be stricter than the anchor threshold")
+        return self
+
+    def update(self, s: Signals, state):
+        anchors = s.candidates & (s.conf >= per_row(self.kappa))
+        relaxed = s.candidates & (s.conf >= per_row(self.tau)) & near_any(anchors, self.radius)
+        return first_clause(most_confident(s.conf, s.candidates), anchors, relaxed), state
+
+
+@register_rule("factor")
+@struct.dataclass
+class Factor(RuleBase):
+    """Fast-dLLM's factor rule (`get_transfer_index_dynamic`): commit the n most confident candidates,
+    n the largest with (i + 1)(1 - c_(i)) <= f for every i = 2..n (c_(1) >= c_(2) >= ... sorted
+    confidences, 1-indexed; the top one always commits)."""
+
+    f: float = setting(1.0, low=0.0, low_open=True)
+    clause_names = ("top1", "factor")
+
+    def update(self, s: Signals, state):
+        T = s.conf.shape[-1]
+        ranked = jnp.sort(jnp.where(s.candidates, s.conf, -jnp.inf), axis=-1)[:, ::-1]  # descending
+        i = jnp.arange(1, T + 1)  # 1-indexed rank
+        passes = (i == 1) | ((i + 1) * (1.0 - ranked) <= per_row(self.f))
+        n = jnp.sum(jnp.cumprod(passes, axis=-1), axis=-1)  # longest passing prefix
+        chosen = top_k(s.conf, s.candidates, n)
+        return first_clause(most_confident(s.conf, s.candidates), chosen), state

@@ -1,0 +1,165 @@
+"""The decode loop's bookkeeping on a weightless stub denoiser (tests/stubs.py): milliseconds, no torch.
+
+Each test scripts predictions and confidences so that the case it names must happen, asserts that it
+did (from the trace or the tokens), and would fail on the bug it is about.
+"""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+import localleap_jax as ll
+from localleap_jax import decode
+from stubs import EOS, MASK, WORD, prompts, scripted
+
+G, T = 12, 4  # 3 blocks
+
+
+def _words(batch, seed=0):
+    return np.random.RandomState(seed).randint(WORD, MASK, (batch, G))
+
+
+def test_blocks_decode_left_to_right_and_only_inside_the_current_block():
+    # Confidence rises to the right, so a rule free to choose would commit the last block first.
+    conf = np.linspace(0.3, 0.7, G)[None].repeat(2, 0)
+    model = scripted(_words(2), conf)
+    out = ll.generate(model, *prompts(2), ll.DecodeConfig(strategy="low_confidence", gen_length=G, block_length=T),
+                      trace=True)
+    cp = out.trace.commit_pass
+    for b in range(G // T - 1):
+        assert cp[:, b * T:(b + 1) * T].max() < cp[:, (b + 1) * T:(b + 2) * T].min()
+    # one token per pass, most confident first: inside each block right to left
+    np.testing.assert_array_equal(cp[0], [3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8])
+    assert (out.nfe == G).all() and out.forward_passes == G
+
+
+def test_nfe_counts_passes_until_each_row_is_done():
+    # Row 0: every confidence over kappa, one pass per block. Row 1: all under, one token per pass.
+    conf = np.stack([np.full(G, 0.95), np.full(G, 0.5)])
+    model = scripted(_words(2), conf)
+    out = ll.generate(model, *prompts(2), ll.DecodeConfig(strategy="threshold", gen_length=G, block_length=T))
+    np.testing.assert_array_equal(out.nfe, [G // T, G])
+    assert out.forward_passes == G  # the batch runs until its slowest row is done
+
+
+def test_early_stop_fills_eos_and_rows_stop_at_different_blocks():
+    words = _words(3)
+    words[0, 1] = EOS  # row 0 emits EOS in block 0
+    words[1, T + 2] = EOS  # row 1 in block 1; row 2 never
+    model = scripted(words, np.full((3, G), 0.95))
+    cfg = ll.DecodeConfig(strategy="threshold", gen_length=G, block_length=T, early_stop=True)
+    out = ll.generate(model, *prompts(3), cfg)
+    gen = out.tokens[:, out.prompt_length:]
+    np.testing.assert_array_equal(out.nfe, [1, 2, 3])  # one pass per block, stopped after blocks 0, 1, 2
+    assert (gen[0, T:] == EOS).all() and (gen[1, 2 * T:] == EOS).all()
+    np.testing.assert_array_equal(gen[0, :T], words[0, :T])
+    np.testing.assert_array_equal(gen[2], words[2])
+    without = ll.generate(model, *prompts(3), dataclasses.replace(cfg, early_stop=False))
+    np.testing.assert_array_equal(without.tokens[:, out.prompt_length:], words)  # the stop changed something
+    assert (without.nfe == 3).all()
+
+
+def test_rule_state_resets_when_a_row_enters_a_new_block():
+    """`stable` (k=2) needs the same prediction twice: with its state reset at each block, every block
+    takes exactly two passes. Predictions repeat per block offset, so a state carried over from the
+    previous block would let blocks after the first finish in one pass."""
+    words = np.tile(_words(1)[:, :T], (1, G // T))
+    model = scripted(words, np.full((1, G), 0.6))
+    cfg = ll.DecodeConfig(strategy=ll.rule("stable", k=2, c_min=0.5), gen_length=G, block_length=T)
+    out = ll.generate(model, *prompts(1), cfg, trace=True)
+    assert out.nfe[0] == 2 * (G // T)
+    names = out.trace.clause_names
+    per_pass = [sorted({names[c - 1] for c in out.trace.clause[0, s] if c}) for s in range(out.nfe[0])]
+    assert per_pass == [["top1"], ["stable", "top1"]] * (G // T)  # clause order: top1 names the best one
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cache_refreshes_once_per_block_even_after_a_row_has_finished(cache):
+    words = _words(2)
+    words[0, 0] = EOS  # row 0 finishes after block 0 (early stop); row 1 goes on through all 3 blocks
+    conf = np.full((2, G), 0.6)
+    cfg = ll.DecodeConfig(strategy="low_confidence", gen_length=G, block_length=T, cache=cache, early_stop=True)
+    out = ll.generate(scripted(words, conf), *prompts(2), cfg)
+    np.testing.assert_array_equal(out.nfe, [T, G])
+    assert out.full_passes == G // T  # a refresh at every block start, for the rows still working
+    # The stub's "cache" is the canvas at the last refresh: a stale one would show in the tokens.
+    np.testing.assert_array_equal(out.tokens[1, out.prompt_length:], words[1])
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_a_cached_pass_sees_its_block_fresh_and_the_rest_as_of_the_refresh(cache):
+    """Confidence grows with committed neighbours, so each pass depends on what it sees of the canvas.
+    The stub's scores inside a block depend only on the block and its two outer neighbours, which are
+    final (the previous block) or still masked (the next one) since the refresh: cached decoding must
+    then equal uncached decoding pass for pass. A window that is off by one position, or a cache that
+    missed this pass's commits inside the block, changes the commit passes."""
+    words = _words(1)
+    cfg = ll.DecodeConfig(strategy="threshold", gen_length=G, block_length=T, kappa=0.75)
+    model = scripted(words, np.random.RandomState(5).uniform(0.5, 0.8, (1, G)), neighbour_bonus=0.12)
+    want = ll.generate(model, *prompts(1), cfg, trace=True)
+    got = ll.generate(model, *prompts(1), dataclasses.replace(cfg, cache=cache), trace=True)
+    np.testing.assert_array_equal(got.trace.commit_pass, want.trace.commit_pass)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    assert want.nfe[0] < G  # neighbours did lift confidences over kappa (more than one commit in some pass)
+
+
+def test_the_loop_enforces_the_rule_contract():
+    """A rule that commits nothing, or commits non-candidates, still makes progress: only candidates
+    commit, and a working row that got nothing commits its most confident candidate."""
+    words = _words(1)
+    conf = np.linspace(0.5, 0.6, G)[None]
+    lazy = ll.stateless(lambda s: ~s.candidates, name="lazy")  # everything except the candidates
+    out = ll.generate(scripted(words, conf), *prompts(1),
+                      ll.DecodeConfig(strategy=lazy, gen_length=G, block_length=T), trace=True)
+    np.testing.assert_array_equal(out.tokens[0, out.prompt_length:], words[0])
+    assert out.nfe[0] == G  # exactly one (forced) commit per pass
+    assert out.trace.clause_names[-1] == "top1" and set(np.unique(out.trace.clause[0])) == {0, 2}
+
+
+def test_per_row_settings_equal_each_row_run_alone():
+    words = _words(4, seed=3)
+    conf = np.random.RandomState(4).uniform(0.55, 0.99, (4, G))
+    kappas = np.array([0.6, 0.7, 0.8, 0.95], np.float32)
+    cfg = ll.DecodeConfig(strategy=ll.rule("localleap", kappa=kappas, tau=0.55, radius=[0, 1, 2, 3]),
+                          gen_length=G, block_length=T)
+    both = ll.generate(scripted(words, conf), *prompts(4), cfg)
+    for r in range(4):
+        alone = ll.generate(scripted(words[r:r + 1], conf[r:r + 1]), *prompts(1), ll.DecodeConfig(
+            strategy=ll.rule("localleap", kappa=float(kappas[r]), tau=0.55, radius=r), gen_length=G, block_length=T))
+        np.testing.assert_array_equal(both.tokens[r], alone.tokens[0])
+        assert both.nfe[r] == alone.nfe[0]
+    assert len(set(both.nfe.tolist())) > 1  # the settings made a difference
+
+
+def test_new_settings_do_not_recompile():
+    model = scripted(_words(2), np.full((2, G), 0.8))
+    ids, mask = prompts(2)
+    ll.generate(model, ids, mask, ll.DecodeConfig(strategy=ll.rule("localleap", kappa=0.9), gen_length=G,
+                                                  block_length=T))
+    n = len(decode._COMPILED)
+    for kappa, tau, radius in [(0.85, 0.7, 2), (0.7, 0.6, 0), (1.0, 0.2, 9)]:
+        out = ll.generate(model, ids, mask, ll.DecodeConfig(
+            strategy=ll.rule("localleap", kappa=kappa, tau=tau, radius=radius), gen_length=G, block_length=T))
+        assert out.compile_seconds == 0.0
+    assert len(decode._COMPILED) == n
+
+
+def test_tracing_off_leaves_the_program_without_trace_buffers():
+    model = scripted(_words(2), np.full((2, G), 0.8))
+    ids, mask = prompts(2)
+    cfg = ll.DecodeConfig(gen_length=G, block_length=T)
+    rule = cfg.rule.with_rows(2)
+
+    def carry_shapes(trace):
+        jaxpr = jax.make_jaxpr(lambda d, i, m, r: decode.decode_loop(
+            d, i, m, None, r, loop=cfg.loop_settings(trace), special=decode.special_ids(model)))(
+            model.denoiser, ids, mask, rule)
+        loop = next(e for e in jaxpr.jaxpr.eqns if e.primitive.name == "while")
+        return [tuple(v.aval.shape) for v in loop.outvars], len(str(loop.params["body_jaxpr"]))
+
+    off, off_size = carry_shapes(False)
+    on, on_size = carry_shapes(True)
+    assert (2, G, G) not in off and (2, G, G) in on  # the [B, S, G] buffers exist only when tracing
+    assert set(off) <= set(on) and off_size < on_size
