@@ -244,3 +244,210 @@ def test_masked_property_by_construction(stable_trace):
     np.testing.assert_array_equal(m[0, :, 0], [True] * 7 + [False] * 2)  # committed at 6
     np.testing.assert_array_equal(m[0, :, 4], [True] * 8 + [False])  # fill: every pass of the row, none past it
     np.testing.assert_array_equal(m[1, :, 0], [True] + [False] * 8)
+
+
+# ---------------------------------------------------------------- plots (experiments/plots.py)
+
+
+def test_plots_write_pngs_with_the_numbers_of_the_statistics(tmp_path, stable_trace, neighbour_trace):
+    import json
+
+    import plots
+
+    both = dyn.concat_traces([stable_trace, neighbour_trace])
+    returned = plots.all_figures(both, tmp_path, row=2, texts=["a", "b", "c"])
+    saved = {}
+    for name in ("figure1a", "figure1b", "figure1c", "figure2"):
+        png = (tmp_path / f"{name}.png").read_bytes()
+        assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 2000, name
+        saved[name] = json.loads((tmp_path / f"{name}.json").read_text())
+        assert saved[name] == returned[name]
+    f1b, f1c, f2, f1a = saved["figure1b"], saved["figure1c"], saved["figure2"], saved["figure1a"]
+    assert f1b["stable_within_25pct"] == dyn.stable_within(both) == pytest.approx(6 / 16)
+    assert f1b["counts"] == dyn.stable_histogram(both).tolist() and f1b["positions"] == 16
+    assert f1b["cumulative"][4] == pytest.approx(6 / 16)  # the right edge 0.25
+    binned = dyn.consistency_by_confidence(both)
+    assert f1c["total"] == binned.total.tolist() and f1c["consistent"] == binned.consistent.tolist()
+    assert f1c["consistent_given_conf_gt_0.8"] == dyn.consistent_given_confidence_above(both) == pytest.approx(10 / 12)
+    assert f1c["rate"][0] is None  # an empty bin: null, not NaN (strict JSON)
+    nb = dyn.neighbour_consistency(both)
+    assert f2["panels"]["conf_ge_split"]["total"] == nb.total[0].tolist()
+    assert f2["panels"]["conf_lt_split"]["consistent"] == nb.consistent[1].tolist()
+    pic = dyn.decode_picture(both, 2)
+    assert f1a["consistent"] == pic.consistent.tolist() and f1a["commit_pass"] == [0, 2, 1, 1, 3, -1]
+    assert f1a["text"] == "c" and f1a["passes"] == 4
+
+
+def test_picture_colours():
+    import plots
+
+    pic = dyn.decode_picture(make_trace([ROW_A], S=8), 0)
+    rgb = plots.picture_rgb(pic)
+    np.testing.assert_allclose(rgb[1, 0], 1 - 0.5 * (1 - plots.INCONSISTENT_RGB))  # 3 vs final 7 at confidence 0.5
+    np.testing.assert_allclose(rgb[0, 0], 1 - 0.5 * (1 - plots.CONSISTENT_RGB))
+    np.testing.assert_allclose(rgb[1, 1], plots.DECIDED_RGB)  # committed at pass 0
+    np.testing.assert_allclose(rgb[0, 5], plots.UNOBSERVED_RGB)  # not computed
+
+
+# ---------------------------------------------------------------- experiments/analyze_dynamics.py
+
+
+def _write_runs(directory, meta=None):
+    meta = meta if meta is not None else {"checkpoint": "ck", "decode": {"strategy": "low_confidence"}}
+    save_trace(directory / "batch-00000.npz", make_trace([ROW_A, ROW_B], S=9), ["first", "second"], meta)
+    save_trace(directory / "batch-00001.npz", make_trace([NEIGHBOUR_ROW], S=5), ["third"], meta)
+
+
+def test_script_analyses_saved_traces(tmp_path, capsys):
+    import json
+
+    import analyze_dynamics
+
+    (tmp_path / "traces").mkdir()
+    _write_runs(tmp_path / "traces")
+    assert analyze_dynamics.main(["--from-traces", str(tmp_path / "traces"), "--row", "1",
+                                  "--output", str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / "dynamics.json").read_text())
+    assert result["stable_within_25pct"] == pytest.approx(6 / 16)  # 3/11 and 3/5 pooled
+    assert result["consistent_given_conf_gt_0.8"] == pytest.approx(10 / 12)
+    assert result["decided_positions"] == 16 and result["rows"] == 3
+    assert result["settings"]["checkpoint"] == "ck" and len(result["trace_files"]) == 2
+    assert json.loads((tmp_path / "out" / "figure1a.json").read_text())["text"] == "second"
+    printed = capsys.readouterr().out
+    assert "37.5%" in printed and "63.7%" in printed and "83.3%" in printed and "97.8%" in printed
+
+
+@pytest.mark.parametrize("make_args, message", [
+    (lambda t: ["--from-traces", str(t / "nope.npz")], "no such file or directory"),
+    (lambda t: ["--from-traces", str(t / "empty")], "holds no .npz trace files"),
+    (lambda t: ["--from-traces", str(t / "junk.npz")], "is not a trace file"),
+    (lambda t: ["--from-traces", str(t / "mixed")], "come from 2 different runs"),
+    (lambda t: ["--from-traces", str(t / "traces"), "--strategy", "threshold"], "--strategy only apply when generating"),
+    (lambda t: ["--from-traces", str(t / "traces"), "--row", "3"], "--row 3: the traces hold 3 rows"),
+    (lambda t: ["--strategy", "greedy"], "--strategy greedy"),
+    (lambda t: ["--gen-length", "60"], "gen_length=60 is not a multiple of block_length=16"),
+    (lambda t: ["--data", str(t / "missing.jsonl")], "no such file"),
+    (lambda t: ["--limit", "0"], "--limit 0: must be a positive"),
+    (lambda t: ["--checkpoint", str(t / "nope")], "no checkpoint at"),
+    (lambda t: ["--limit", "2", "--row", "2"], "--row 2: there are 2 problems"),
+])
+def test_script_mistakes_end_with_one_clear_line(tmp_path, capsys, make_args, message):
+    import analyze_dynamics
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "junk.npz").write_text("not a trace")
+    for d in ("traces", "mixed"):
+        (tmp_path / d).mkdir()
+        _write_runs(tmp_path / d)
+    save_trace(tmp_path / "mixed" / "other.npz", make_trace([ROW_B], S=1), None,
+               {"checkpoint": "ck", "decode": {"strategy": "threshold"}})
+    capsys.readouterr()
+    assert analyze_dynamics.main([*make_args(tmp_path), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def _generate_takes_trace() -> bool:
+    import inspect
+
+    import localleap_jax as ll
+    return "trace" in inspect.signature(ll.generate).parameters
+
+
+@pytest.mark.skipif(_generate_takes_trace(), reason="generate records traces: the end-to-end test runs instead")
+def test_script_says_when_generate_cannot_trace_yet(tmp_path, capsys):
+    import analyze_dynamics
+
+    assert analyze_dynamics.main(["--limit", "1", "--no-compile-cache", "--output", str(tmp_path)]) == 2
+    assert "does not record traces yet" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _generate_takes_trace(), reason="generate(..., trace=True) has not landed yet")
+def test_script_end_to_end_on_the_embedded_model(tmp_path, capsys):
+    import json
+
+    import analyze_dynamics
+    import localleap_jax as ll
+    from localleap_jax.tokenizer import cut_at_stop
+
+    out = tmp_path / "run"
+    assert analyze_dynamics.main(["--limit", "4", "--batch-size", "2", "--no-compile-cache", "--output", str(out)]) == 0
+    files = sorted((out / "traces").glob("*.npz"))
+    assert [f.name for f in files] == ["batch-00000.npz", "batch-00001.npz"]
+    traces = [load_trace(f) for f in files]
+    trace = dyn.concat_traces([t for t, _, _ in traces])
+    texts = [x for _, t, _ in traces for x in t]
+    # The paper's setting on the embedded model (gen 64, block 16): one token per pass, 64 passes, all committed.
+    assert trace.passes.tolist() == [64] * 4 and (trace.commit_pass >= 0).all()
+    assert (trace.committed.sum(axis=2) == 1).all()
+    tok = ll.load(ll.checkpoint.EMBEDDED).tokenizer
+    assert texts == [tok.hf.decode(cut_at_stop(row, tok.stop_ids), skip_special_tokens=True) for row in trace.token]
+    result = json.loads((out / "dynamics.json").read_text())
+    expected = dyn.summary(trace)
+    assert result["stable_within_25pct"] == pytest.approx(expected["stable_within_25pct"])
+    assert result["consistent_given_conf_gt_0.8"] == pytest.approx(expected["consistent_given_conf_gt_0.8"])
+    assert all((out / f"{name}.png").stat().st_size > 2000 for name in ("figure1a", "figure1b", "figure1c", "figure2"))
+    # A rerun with the same settings reuses the saved batches (same files, untouched).
+    stamps = [f.stat().st_mtime_ns for f in files]
+    assert analyze_dynamics.main(["--limit", "4", "--batch-size", "2", "--no-compile-cache", "--output", str(out)]) == 0
+    assert [f.stat().st_mtime_ns for f in files] == stamps
+    again = tmp_path / "again"
+    assert analyze_dynamics.main(["--from-traces", str(out / "traces"), "--output", str(again)]) == 0
+    assert json.loads((again / "dynamics.json").read_text())["stable_within_25pct"] == result["stable_within_25pct"]
+
+
+def test_script_generation_path_with_a_stand_in_for_traced_generate(tmp_path, monkeypatch):
+    """Batching, trace files, texts, reuse and stale files, before the real trace=True lands: the real generate
+    makes the tokens and a stand-in trace says pass s committed position s, predicting the final tokens all along."""
+    import dataclasses
+    import json
+
+    import analyze_dynamics
+    import localleap_jax as ll
+
+    real_generate, calls = ll.generate, []
+
+    def traced_generate(model, ids, mask, cfg, rng=None, trace=False):
+        assert trace and cfg.strategy == "low_confidence" and cfg.gen_length == 64  # the paper's setting by default
+        out = real_generate(model, ids, mask, cfg, rng)
+        calls.append(len(ids))
+        tokens = out.tokens[:, out.prompt_length:]
+        B, G = tokens.shape
+        committed = np.broadcast_to(np.eye(G, dtype=bool), (B, G, G))
+        stand_in = Trace(pred=np.repeat(tokens[:, None], G, axis=1), conf=np.ones((B, G, G), np.float32),
+                         committed=committed, clause=committed.astype(np.int32), clause_names=("commit",),
+                         token=tokens, commit_pass=np.tile(np.arange(G), (B, 1)), passes=np.full(B, G))
+        return dataclasses.replace(out, trace=stand_in) if hasattr(out, "trace") else _with_trace(out, stand_in)
+
+    monkeypatch.setattr(ll, "generate", traced_generate)
+    out = tmp_path / "run"
+    assert analyze_dynamics.main(["--limit", "4", "--batch-size", "2", "--no-compile-cache", "--output", str(out)]) == 0
+    assert calls == [2, 2]
+    files = sorted((out / "traces").glob("*.npz"))
+    assert [f.name for f in files] == ["batch-00000.npz", "batch-00001.npz"]
+    loaded = [load_trace(f) for f in files]
+    assert [m["first_row"] for _, _, m in loaded] == [0, 2]
+    assert loaded[0][2]["prompts"][0].startswith("Question: ") and loaded[0][2]["prompts"][0].endswith("\nAnswer:")
+    tok = ll.load(ll.checkpoint.EMBEDDED).tokenizer
+    assert loaded[1][1] == tok.decode_generated(loaded[1][0].token)
+    result = json.loads((out / "dynamics.json").read_text())
+    # Predictions equal the final tokens from pass 0: every position stable at pass 0, 1/64 of the passes.
+    assert result["stable_within_25pct"] == 1.0 and result["consistent_given_conf_gt_0.8"] == 1.0
+    assert result["decided_positions"] == 4 * 64 and result["settings"]["strategy"] == "low_confidence"
+    # Same settings: every batch reused. Fewer problems: the extra batch file goes, so --from-traces DIR stays one run.
+    assert analyze_dynamics.main(["--limit", "4", "--batch-size", "2", "--no-compile-cache", "--output", str(out)]) == 0
+    assert calls == [2, 2]
+    assert analyze_dynamics.main(["--limit", "2", "--batch-size", "2", "--no-compile-cache", "--output", str(out)]) == 0
+    assert calls == [2, 2] and [f.name for f in (out / "traces").glob("*.npz")] == ["batch-00000.npz"]
+    assert json.loads((out / "dynamics.json").read_text())["rows"] == 2
+
+
+def _with_trace(out, trace):
+    """A Generation with a `trace` attribute, for a library whose Generation has no such field yet."""
+    class Traced(type(out)):
+        pass
+
+    traced = Traced(**{f: getattr(out, f) for f in out.__dataclass_fields__})
+    object.__setattr__(traced, "trace", trace)
+    return traced
