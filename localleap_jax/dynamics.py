@@ -16,6 +16,8 @@ experiments/plots.py). Words used in every definition below:
 - scored: still masked when the pass ran (`Trace.masked`: up to and including the commit pass),
   observed and decided. These are the predictions a commit rule chooses among; the statistics of
   Figures 1b and 1c count exactly these.
+- thresholds (0.8, 0.9, bin edges) compare in the confidences' own dtype (float32), as the commit
+  rules compare kappa: a float32 confidence of 0.9 is ">= 0.9" here as it is for the rule.
 """
 
 from __future__ import annotations
