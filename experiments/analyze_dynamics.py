@@ -1,0 +1,324 @@
+"""Decoding dynamics of a diffusion LM: the paper's Figures 1a, 1b, 1c and 2 from per-pass traces.
+
+    python experiments/analyze_dynamics.py --output runs/dynamics              # embedded model, offline, CPU
+    python experiments/analyze_dynamics.py --checkpoint DIR --data test.jsonl --limit 200 --output runs/d
+    python experiments/analyze_dynamics.py --strategy localleap --output runs/d-leap
+    python experiments/analyze_dynamics.py --from-traces runs/dynamics/traces --output runs/again
+
+Generation: each problem becomes lm-eval's 0-shot GSM8K prompt ("Question: ...\\nAnswer:") in the
+chat template, decoded by `localleap_jax.generate(..., trace=True)` in batches; by default under the
+paper's setting, LLaDA's `low_confidence` with one token per step. Every batch's trace goes to
+DIR/traces/batch-NNNNN.npz (`localleap_jax.trace.save_trace`, with the decoded texts and the
+settings), so `--from-traces` reruns the analysis without the model, and a rerun with the same
+settings reuses the batches already there.
+
+Analysis: DIR/figure1a.png (one sample, `--row`), figure1b.png, figure1c.png, figure2.png, each with a
+JSON of its numbers, and DIR/dynamics.json ({"stable_within_25pct", "consistent_given_conf_gt_0.8",
+counts, settings}); the two headline numbers are printed next to the paper's (63.7%, 97.8% on
+LLaDA-8B). Definitions: `localleap_jax/dynamics.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "experiments"))
+
+from eval_gsm8k import DEFAULTS, UserError, read_gsm8k_jsonl  # noqa: E402
+
+GENERATION_FLAGS = ("checkpoint", "data", "limit", "strategy", "gen_length", "block_length", "batch_size",
+                    "cache", "early_stop", "dtype", "no_compile_cache")
+DECODE_SETTINGS = {"kappa": float, "tau": float, "radius": int, "steps": int}  # for a `name:key=value` strategy
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", help="converted checkpoint directory (default: the embedded small model)")
+    ap.add_argument("--data", help="GSM8K-format JSONL (question, answer) (default: the embedded model's held-out "
+                                   "synthetic split)")
+    ap.add_argument("--limit", type=int, help="analyse only the first N problems (default: all of them)")
+    ap.add_argument("--strategy", help="decoding rule, a name or 'name:key=value,...' (default: low_confidence, "
+                                       "one token per step, the paper's setting)")
+    ap.add_argument("--gen-length", type=int, help="generation canvas (default 256; the embedded model's own: 64)")
+    ap.add_argument("--block-length", type=int, help="block size (default 32; embedded model: 16)")
+    ap.add_argument("--batch-size", type=int, help="rows per generate call (default 16)")
+    ap.add_argument("--cache", help="KV cache: none (default), prefix or dual")
+    ap.add_argument("--early-stop", action="store_true", default=None,
+                    help="stop a row after a finished block that holds EOS")
+    ap.add_argument("--dtype", help="parameter dtype: auto (default: fp32 on CPU, bf16 on GPU/TPU), bfloat16, float32")
+    ap.add_argument("--no-compile-cache", action="store_true", default=None,
+                    help="do not use JAX's persistent compilation cache")
+    ap.add_argument("--from-traces", nargs="+", metavar="FILE",
+                    help="analyse saved trace files (or directories of them) instead of generating")
+    ap.add_argument("--row", type=int, default=0, help="the sample Figure 1a draws (default 0)")
+    ap.add_argument("--output", required=True, help="output directory")
+    return ap.parse_args(argv)
+
+
+# ---------------------------------------------------------------- settings
+
+
+def decode_config(args, ll):
+    """The DecodeConfig of --strategy and the canvas flags; a rule object where the library has `ll.rule`."""
+    spec = args.strategy or "low_confidence"
+    name, _, settings = spec.partition(":")
+    canvas = dict(gen_length=args.gen_length, block_length=args.block_length, cache=args.cache or "none",
+                  early_stop=bool(args.early_stop))
+    if hasattr(ll, "rule"):  # the rules interface (#9): any rule and its settings by name
+        try:
+            rule = {"strategy": ll.rule(spec)}
+        except (ValueError, TypeError, KeyError) as e:
+            raise UserError(f"--strategy {spec}: {e}") from None
+    else:
+        if name not in ll.STRATEGIES:
+            raise UserError(f"--strategy {spec}: unknown rule {name!r}; choose from {', '.join(sorted(ll.STRATEGIES))}")
+        rule = {"strategy": name, **parse_settings(name, settings)}
+    try:
+        return ll.DecodeConfig(**rule, **canvas).validate()
+    except ValueError as e:  # DecodeError: settings that cannot run
+        raise UserError(str(e)) from None
+
+
+def parse_settings(name: str, settings: str) -> dict:
+    """'kappa=0.8,radius=2' -> DecodeConfig fields (the library before rule objects)."""
+    out = {}
+    for item in filter(None, (s.strip() for s in settings.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or key not in DECODE_SETTINGS:
+            raise UserError(f"--strategy {name}:{settings}: '{item}' is not one of "
+                            f"{', '.join(f'{k}=VALUE' for k in DECODE_SETTINGS)}")
+        try:
+            out[key] = DECODE_SETTINGS[key](value)
+        except ValueError:
+            raise UserError(f"--strategy {name}:{settings}: {key}={value} is not a number") from None
+    return out
+
+
+def config_record(cfg) -> dict:
+    """What in the config changes tokens, as JSON (the key that decides whether saved batches can be reused)."""
+    if hasattr(cfg, "fingerprint"):
+        return json.loads(json.dumps(cfg.fingerprint(), default=str))
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
+def load_problems(args, manifest: dict) -> tuple[list[dict], str]:
+    """(problems, description): --data, else the embedded model's held-out synthetic split."""
+    if args.data:
+        path = Path(args.data).expanduser()
+        rows = read_gsm8k_jsonl(path)
+        desc = str(path.resolve())
+    elif manifest.get("eval_data") == "synthetic_math":
+        import synthetic_math
+        spec = manifest.get("eval_data_spec", {"n": 500, "seed": 0})
+        rows = synthetic_math.take("test", spec["n"], spec["seed"])
+        desc = f"synthetic_math test split ({spec['n']} held-out problems, seed {spec['seed']})"
+    else:
+        raise UserError("this checkpoint ships no evaluation problems: pass --data FILE.jsonl "
+                        "(e.g. ../shared/data/gsm8k/test.jsonl)")
+    return rows[:args.limit] if args.limit is not None else rows, desc
+
+
+def prompt_text(question: str) -> str:
+    """lm-eval's gsm8k doc_to_text, 0-shot (the chat template is applied on top)."""
+    return f"Question: {question}\nAnswer:"
+
+
+# ---------------------------------------------------------------- generation (the only part that needs the model)
+
+
+def saved_with(path: Path, meta: dict) -> bool:
+    """True when `path` is a readable trace file saved with exactly this meta (same model, settings, prompts)."""
+    from localleap_jax.trace import load_trace
+
+    try:
+        return path.is_file() and load_trace(path)[2] == meta
+    except Exception:  # noqa: BLE001 - a torn or foreign file is simply regenerated
+        return False
+
+
+def generate_traces(model, prompts: list[str], cfg, batch_size: int, trace_dir: Path, meta: dict) -> list[Path]:
+    """Generate `prompts` in batches with trace=True; one trace file per batch, reused when its settings match."""
+    import numpy as np
+    from tqdm import tqdm
+
+    import localleap_jax as ll
+    from localleap_jax.tokenizer import left_pad
+    from localleap_jax.trace import save_trace
+
+    tok = model.tokenizer
+    max_prompt = model.config.max_sequence_length - cfg.gen_length
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    bar = tqdm(total=len(prompts), desc=f"trace [{meta['strategy']}]", dynamic_ncols=True)
+    for n, start in enumerate(range(0, len(prompts), batch_size)):
+        batch = prompts[start:start + batch_size]
+        path = trace_dir / f"batch-{n:05d}.npz"
+        batch_meta = {**meta, "prompts": batch, "first_row": start}
+        if saved_with(path, batch_meta):  # done in an earlier run with these settings
+            paths.append(path)
+            bar.update(len(batch))
+            continue
+        ids, mask = left_pad([tok.encode(p, chat=True)[-max_prompt:] for p in batch], tok.pad_id)
+        out = ll.generate(model, ids, mask, cfg, trace=True)
+        save_trace(path, out.trace, tok.decode_generated(out), batch_meta)
+        paths.append(path)
+        bar.update(len(batch))
+        bar.set_postfix(nfe=f"{float(np.mean(out.nfe)):.1f}")
+    bar.close()
+    for stale in sorted(trace_dir.glob("batch-*.npz"))[len(paths):]:  # from an earlier, longer run: not this one's
+        stale.unlink()
+    return paths
+
+
+def generate_and_save(args, out: Path) -> list[Path]:
+    """Load the model and data, check the settings, generate; returns the trace files."""
+    import localleap_jax as ll
+    from localleap_jax.checkpoint import read_manifest, resolve_checkpoint
+    from localleap_jax.lm_eval_adapter import default_dtype
+
+    if args.limit is not None and args.limit <= 0:
+        raise UserError(f"--limit {args.limit}: must be a positive number of problems")
+    if args.batch_size is not None and args.batch_size <= 0:
+        raise UserError(f"--batch-size {args.batch_size}: must be positive")
+    try:
+        path = resolve_checkpoint(args.checkpoint)
+        manifest = read_manifest(path)
+    except (ll.CheckpointError, ll.ConfigError) as e:
+        raise UserError(str(e)) from None
+    defaults = {**DEFAULTS, **manifest.get("eval_defaults", {})}
+    for key in ("gen_length", "block_length"):
+        if getattr(args, key) is None:
+            setattr(args, key, defaults[key])
+    cfg = decode_config(args, ll)
+    problems, data_desc = load_problems(args, manifest)
+    if not 0 <= args.row < len(problems):
+        raise UserError(f"--row {args.row}: there are {len(problems)} problems")
+    if "trace" not in inspect.signature(ll.generate).parameters:
+        raise UserError("this localleap_jax's generate() does not record traces yet (trace=True); "
+                        "analyse saved traces with --from-traces FILE...")
+    if not args.no_compile_cache:
+        from localleap_jax.compile_cache import enable_compilation_cache
+        enable_compilation_cache()
+    dtype = args.dtype or "auto"
+    try:
+        model = ll.load(path, dtype=default_dtype() if dtype == "auto" else dtype)
+    except (ll.CheckpointError, ll.ConfigError, ValueError) as e:
+        raise UserError(str(e)) from None
+    spec = args.strategy or "low_confidence"
+    meta = {"checkpoint": str(path), "dtype": str(model.dtype), "data": data_desc, "strategy": spec,
+            "decode": config_record(cfg)}
+    print(f"model {path} ({model.config.num_params / 1e6:.1f}M params, {model.dtype}); data: {data_desc}, "
+          f"{len(problems)} problems; strategy {spec}, gen {cfg.gen_length}, block {cfg.block_length}; output {out}")
+    prompts = [prompt_text(p["question"]) for p in problems]
+    return generate_traces(model, prompts, cfg, args.batch_size or 16, out / "traces", meta)
+
+
+# ---------------------------------------------------------------- analysis (from trace files alone)
+
+
+def trace_files(names: list[str]) -> list[Path]:
+    """The .npz files named, directories expanded to the .npz files they hold (sorted)."""
+    files = []
+    for name in names:
+        p = Path(name).expanduser()
+        if p.is_dir():
+            found = sorted(p.glob("*.npz"))
+            if not found:
+                raise UserError(f"--from-traces {p}: the directory holds no .npz trace files")
+            files += found
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise UserError(f"--from-traces {p}: no such file or directory")
+    return files
+
+
+def load_traces(files: list[Path]):
+    """(trace of all rows, texts, meta of the first file); one line for a file that is not a trace or a mix of runs."""
+    from localleap_jax.dynamics import concat_traces
+    from localleap_jax.trace import load_trace
+
+    traces, texts, metas = [], [], []
+    for f in files:
+        try:
+            trace, t, meta = load_trace(f)
+        except (OSError, ValueError, KeyError) as e:
+            raise UserError(f"{f} is not a trace file written by save_trace ({type(e).__name__}: {e})") from None
+        traces.append(trace)
+        texts += t if t is not None else [None] * trace.token.shape[0]
+        metas.append(meta)
+    runs = {json.dumps({k: m.get(k) for k in ("checkpoint", "decode")}, sort_keys=True) for m in metas}
+    if len(runs) > 1:
+        raise UserError(f"the trace files come from {len(runs)} different runs (checkpoint or decode settings); "
+                        "analyse each run on its own")
+    try:
+        return concat_traces(traces), texts, metas[0]
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def analyse(files: list[Path], out: Path, row: int) -> dict:
+    """Every figure and DIR/dynamics.json from trace files; returns dynamics.json's dict."""
+    import plots
+    from localleap_jax import dynamics as dyn
+
+    trace, texts, meta = load_traces(files)
+    if not 0 <= row < trace.token.shape[0]:
+        raise UserError(f"--row {row}: the traces hold {trace.token.shape[0]} rows")
+    figures = plots.all_figures(trace, out, row, texts)
+    result = {**dyn.summary(trace), "paper": dyn.PAPER,
+              "figures": {name: f"{name}.png" for name in figures},
+              "trace_files": [str(f.resolve()) for f in files],
+              "settings": {k: v for k, v in meta.items() if k not in ("prompts", "first_row")}}
+    plots.write_json(out / "dynamics.json", result)
+    return plots.jsonable(result)
+
+
+def print_headline(result: dict) -> None:
+    def pct(x):
+        return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
+
+    paper = result["paper"]
+    print(f"\n{'':<44}{'this run':>10}{'paper':>9}")
+    print(f"{'stable within 25% of the passes (Fig. 1b)':<44}{pct(result['stable_within_25pct']):>10}"
+          f"{pct(paper['stable_within_25pct']):>9}   ({result['decided_positions']} positions)")
+    print(f"{'consistent given confidence > 0.8 (Fig. 1c)':<44}{pct(result['consistent_given_conf_gt_0.8']):>10}"
+          f"{pct(paper['consistent_given_conf_gt_0.8']):>9}   ({result['predictions_conf_gt_0.8']} predictions)")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args) -> int:
+    out = Path(args.output).expanduser().resolve()
+    if args.from_traces:
+        given = [f"--{k.replace('_', '-')}" for k in GENERATION_FLAGS if getattr(args, k) is not None]
+        if given:
+            raise UserError(f"--from-traces analyses saved traces; {', '.join(given)} only apply when generating")
+        files = trace_files(args.from_traces)
+    else:
+        files = generate_and_save(args, out)
+    result = analyse(files, out, args.row)
+    print_headline(result)
+    print(f"\nwrote {out / 'dynamics.json'} and {', '.join(result['figures'].values())} in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

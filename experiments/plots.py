@@ -1,0 +1,182 @@
+"""The paper's decoding-dynamics figures from a `Trace`: one function per figure.
+
+Each `figure*` function writes DIR/<name>.png and DIR/<name>.json (the numbers drawn, straight from
+`localleap_jax.dynamics`) and returns that JSON's dict. matplotlib runs on the non-interactive Agg
+backend, so this works on a headless machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: never open a window
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from jaxtyping import Float  # noqa: E402
+
+from localleap_jax import dynamics as dyn  # noqa: E402
+from localleap_jax.trace import Trace  # noqa: E402
+
+CONSISTENT_RGB = np.array([0.10, 0.55, 0.20])  # green
+INCONSISTENT_RGB = np.array([0.80, 0.10, 0.10])  # red
+DECIDED_RGB = np.array([0.82, 0.82, 0.82])  # grey: the position was already committed before this pass
+UNOBSERVED_RGB = np.array([1.0, 1.0, 1.0])  # white: the pass did not compute the position
+
+
+def jsonable(x: Any) -> Any:
+    """NumPy values as plain JSON (NaN and inf become null, which strict JSON readers accept)."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return jsonable(x.tolist())
+    if isinstance(x, (np.bool_, bool)):
+        return bool(x)
+    if isinstance(x, (np.integer, int)):
+        return int(x)
+    if isinstance(x, (np.floating, float)):
+        return float(x) if math.isfinite(x) else None
+    return x
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(jsonable(data), indent=1, allow_nan=False))
+
+
+def _save(fig, out: Path, name: str, data: dict) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out / f"{name}.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    write_json(out / f"{name}.json", data)
+    return jsonable(data)
+
+
+def _percent(x: float) -> str:
+    return "n/a" if not math.isfinite(x) else f"{100 * x:.1f}%"
+
+
+# ---------------------------------------------------------------- Figure 1a
+
+
+def picture_rgb(pic: dyn.DecodePicture) -> Float[np.ndarray, "S G 3"]:
+    """Green (consistent) or red (not) faded towards white as confidence falls; grey once committed."""
+    conf = np.clip(np.nan_to_num(pic.conf, nan=0.0), 0.0, 1.0)[..., None]
+    hue = np.where(pic.consistent[..., None], CONSISTENT_RGB, INCONSISTENT_RGB)
+    rgb = 1.0 - conf * (1.0 - hue)  # intensity: white at confidence 0, full colour at 1
+    rgb = np.where((pic.observed & ~pic.masked)[..., None], DECIDED_RGB, rgb)
+    return np.where(pic.observed[..., None], rgb, UNOBSERVED_RGB)
+
+
+def figure1a(trace: Trace, out: Path, row: int = 0, text: str | None = None) -> dict:
+    """One row's decode: positions (x) by passes (y, downwards); a black dot where each token committed."""
+    pic = dyn.decode_picture(trace, row)
+    S, G = pic.conf.shape
+    fig, ax = plt.subplots(figsize=(min(2 + G / 12, 22), min(1.5 + S / 12, 22)))
+    ax.imshow(picture_rgb(pic), aspect="auto", interpolation="nearest", extent=(-0.5, G - 0.5, S - 0.5, -0.5))
+    committed = np.flatnonzero(pic.commit_pass >= 0)
+    ax.scatter(committed, pic.commit_pass[committed], s=max(2, 400 / max(G, S)), c="black", marker="o",
+               label="committed")
+    ax.set_xlabel("generated position")
+    ax.set_ylabel("pass")
+    ax.set_title(f"Figure 1a: row {row}, {S} passes — green: prediction = final token, red: not; "
+                 "intensity: confidence; grey: already committed")
+    ax.legend(loc="upper right", fontsize=7)
+    data = {"row": row, "passes": S, "gen_length": G, "text": text,
+            "consistent": pic.consistent, "conf": pic.conf, "masked": pic.masked, "observed": pic.observed,
+            "commit_pass": pic.commit_pass, "token": pic.token}
+    return _save(fig, out, "figure1a", data)
+
+
+# ---------------------------------------------------------------- Figure 1b
+
+
+def figure1b(trace: Trace, out: Path) -> dict:
+    """Histogram of the earliest stable-consistency step / passes, its cumulative share, the 25% line."""
+    edges = dyn.FRACTION_EDGES
+    counts = dyn.stable_histogram(trace, edges)
+    n = int(dyn.decided(trace).sum())  # the denominator of stable_within (a never-stable position is 'not within')
+    share = dyn.stable_within(trace, 0.25)
+    cumulative = np.cumsum(counts) / max(n, 1)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.bar(edges[:-1], counts / max(n, 1), width=np.diff(edges), align="edge", color="#4c72b0",
+           edgecolor="white", label="positions")
+    ax.plot(edges[1:], cumulative, color="black", marker=".", label="cumulative")
+    ax.axvline(0.25, color="grey", linestyle="--")
+    ax.set_xlabel("earliest stable-consistency step / total passes")
+    ax.set_ylabel("share of positions")
+    ax.set_xlim(0, 1)
+    ax.set_title(f"Figure 1b: {_percent(share)} stable within 25% of the passes "
+                 f"(paper {_percent(dyn.PAPER['stable_within_25pct'])})", fontsize=10)
+    ax.legend(loc="center right")
+    data = {"definition": "fraction = (stable pass + 1) / row passes; within 25% means fraction <= 0.25",
+            "edges": edges, "counts": counts, "cumulative": cumulative, "positions": n,
+            "stable_within_25pct": share, "paper_stable_within_25pct": dyn.PAPER["stable_within_25pct"]}
+    return _save(fig, out, "figure1b", data)
+
+
+# ---------------------------------------------------------------- Figure 1c
+
+
+def figure1c(trace: Trace, out: Path) -> dict:
+    """Consistency with the final token per confidence bin (bars) and the number of predictions per bin."""
+    binned = dyn.consistency_by_confidence(trace)
+    share = dyn.consistent_given_confidence_above(trace, 0.8)
+    edges = binned.edges
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.bar(edges[:-1], np.nan_to_num(binned.rate), width=np.diff(edges), align="edge", color="#55a868",
+           edgecolor="white")
+    for lo, width, n in zip(edges[:-1], np.diff(edges), binned.total):
+        ax.text(lo + width / 2, 1.01, str(int(n)), ha="center", va="bottom", fontsize=6, color="grey")
+    ax.axvline(0.8, color="grey", linestyle="--")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.08)
+    ax.set_xlabel("confidence of the prediction at a still-masked position")
+    ax.set_ylabel("share equal to the final token")
+    ax.set_title(f"Figure 1c: {_percent(share)} of predictions with confidence > 0.8 are consistent "
+                 f"(paper {_percent(dyn.PAPER['consistent_given_conf_gt_0.8'])})", fontsize=9)
+    data = {"edges": edges, "consistent": binned.consistent, "total": binned.total, "rate": binned.rate,
+            "consistent_given_conf_gt_0.8": share,
+            "paper_consistent_given_conf_gt_0.8": dyn.PAPER["consistent_given_conf_gt_0.8"]}
+    return _save(fig, out, "figure1c", data)
+
+
+# ---------------------------------------------------------------- Figure 2
+
+
+def figure2(trace: Trace, out: Path, max_distance: int = 8, anchor_split: float = 0.9) -> dict:
+    """Neighbour consistency by (|distance|, neighbour confidence), one heatmap per anchor-confidence panel."""
+    nb = dyn.neighbour_consistency(trace, max_distance=max_distance, anchor_split=anchor_split)
+    rate = nb.rate
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    titles = (f"committed token confidence >= {anchor_split}", f"committed token confidence < {anchor_split}")
+    for p, (ax, title) in enumerate(zip(axes, titles)):
+        im = ax.imshow(np.ma.masked_invalid(rate[p]), origin="lower", aspect="auto", cmap="viridis", vmin=0, vmax=1,
+                       extent=(nb.edges[0], nb.edges[-1], 0.5, max_distance + 0.5))
+        centres = (nb.edges[:-1] + nb.edges[1:]) / 2
+        for d in range(max_distance):
+            for k, x in enumerate(centres):
+                if nb.total[p, d, k]:
+                    ax.text(x, d + 1, f"{rate[p, d, k]:.2f}", ha="center", va="center", fontsize=5,
+                            color="white" if rate[p, d, k] < 0.6 else "black")
+        ax.set_title(f"{title} ({int(nb.total[p].sum())} pairs)", fontsize=9)
+        ax.set_xlabel("neighbour confidence")
+    axes[0].set_ylabel("|distance| to the committed token")
+    fig.colorbar(im, ax=axes, label="share of still-masked neighbours equal to their final token")
+    fig.suptitle("Figure 2: consistency of the neighbours of a token committed at a pass")
+    data = {"distances": np.arange(1, max_distance + 1), "edges": nb.edges, "anchor_split": anchor_split,
+            "panels": {"conf_ge_split": {"consistent": nb.consistent[0], "total": nb.total[0], "rate": rate[0]},
+                       "conf_lt_split": {"consistent": nb.consistent[1], "total": nb.total[1], "rate": rate[1]}}}
+    return _save(fig, out, "figure2", data)
+
+
+def all_figures(trace: Trace, out: Path, row: int = 0, texts: list[str] | None = None) -> dict[str, dict]:
+    """Every figure into `out`; returns {name: its JSON dict}."""
+    text = texts[row] if texts is not None and row < len(texts) else None
+    return {"figure1a": figure1a(trace, out, row, text), "figure1b": figure1b(trace, out),
+            "figure1c": figure1c(trace, out), "figure2": figure2(trace, out)}
