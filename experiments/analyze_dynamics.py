@@ -21,8 +21,6 @@ LLaDA-8B). Definitions: `localleap_jax/dynamics.py`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import inspect
 import json
 import math
 import os
@@ -38,7 +36,6 @@ from eval_gsm8k import DEFAULTS, UserError, read_gsm8k_jsonl  # noqa: E402
 
 GENERATION_FLAGS = ("checkpoint", "data", "limit", "strategy", "gen_length", "block_length", "batch_size",
                     "cache", "early_stop", "dtype", "no_compile_cache")
-DECODE_SETTINGS = {"kappa": float, "tau": float, "radius": int, "steps": int}  # for a `name:key=value` strategy
 
 
 def parse_args(argv=None):
@@ -69,46 +66,13 @@ def parse_args(argv=None):
 
 
 def decode_config(args, ll):
-    """The DecodeConfig of --strategy and the canvas flags; a rule object where the library has `ll.rule`."""
+    """The DecodeConfig of --strategy (a rule name with optional settings) and the canvas flags."""
     spec = args.strategy or "low_confidence"
-    name, _, settings = spec.partition(":")
-    canvas = dict(gen_length=args.gen_length, block_length=args.block_length, cache=args.cache or "none",
-                  early_stop=bool(args.early_stop))
-    if hasattr(ll, "rule"):  # the rules interface (#9): any rule and its settings by name
-        try:
-            rule = {"strategy": ll.rule(spec)}
-        except (ValueError, TypeError, KeyError) as e:
-            raise UserError(f"--strategy {spec}: {e}") from None
-    else:
-        if name not in ll.STRATEGIES:
-            raise UserError(f"--strategy {spec}: unknown rule {name!r}; choose from {', '.join(sorted(ll.STRATEGIES))}")
-        rule = {"strategy": name, **parse_settings(name, settings)}
     try:
-        return ll.DecodeConfig(**rule, **canvas).validate()
-    except ValueError as e:  # DecodeError: settings that cannot run
-        raise UserError(str(e)) from None
-
-
-def parse_settings(name: str, settings: str) -> dict:
-    """'kappa=0.8,radius=2' -> DecodeConfig fields (the library before rule objects)."""
-    out = {}
-    for item in filter(None, (s.strip() for s in settings.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq or key not in DECODE_SETTINGS:
-            raise UserError(f"--strategy {name}:{settings}: '{item}' is not one of "
-                            f"{', '.join(f'{k}=VALUE' for k in DECODE_SETTINGS)}")
-        try:
-            out[key] = DECODE_SETTINGS[key](value)
-        except ValueError:
-            raise UserError(f"--strategy {name}:{settings}: {key}={value} is not a number") from None
-    return out
-
-
-def config_record(cfg) -> dict:
-    """What in the config changes tokens, as JSON (the key that decides whether saved batches can be reused)."""
-    if hasattr(cfg, "fingerprint"):
-        return json.loads(json.dumps(cfg.fingerprint(), default=str))
-    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+        return ll.DecodeConfig(strategy=ll.rule(spec), gen_length=args.gen_length, block_length=args.block_length,
+                               cache=args.cache or "none", early_stop=bool(args.early_stop)).validate()
+    except ll.DecodeError as e:
+        raise UserError(f"--strategy {spec}: {e}") from None
 
 
 def load_problems(args, manifest: dict) -> tuple[list[dict], str]:
@@ -203,9 +167,6 @@ def generate_and_save(args, out: Path) -> list[Path]:
     problems, data_desc = load_problems(args, manifest)
     if not 0 <= args.row < len(problems):
         raise UserError(f"--row {args.row}: there are {len(problems)} problems")
-    if "trace" not in inspect.signature(ll.generate).parameters:
-        raise UserError("this localleap_jax's generate() does not record traces yet (trace=True); "
-                        "analyse saved traces with --from-traces FILE...")
     if not args.no_compile_cache:
         from localleap_jax.compile_cache import enable_compilation_cache
         enable_compilation_cache()
@@ -216,7 +177,7 @@ def generate_and_save(args, out: Path) -> list[Path]:
         raise UserError(str(e)) from None
     spec = args.strategy or "low_confidence"
     meta = {"checkpoint": str(path), "dtype": str(model.dtype), "data": data_desc, "strategy": spec,
-            "decode": config_record(cfg)}
+            "decode": cfg.fingerprint()}
     print(f"model {path} ({model.config.num_params / 1e6:.1f}M params, {model.dtype}); data: {data_desc}, "
           f"{len(problems)} problems; strategy {spec}, gen {cfg.gen_length}, block {cfg.block_length}; output {out}")
     prompts = [prompt_text(p["question"]) for p in problems]

@@ -347,23 +347,7 @@ def test_script_mistakes_end_with_one_clear_line(tmp_path, capsys, make_args, me
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
 
 
-def _generate_takes_trace() -> bool:
-    import inspect
-
-    import localleap_jax as ll
-    return "trace" in inspect.signature(ll.generate).parameters
-
-
-@pytest.mark.skipif(_generate_takes_trace(), reason="generate records traces: the end-to-end test runs instead")
-def test_script_says_when_generate_cannot_trace_yet(tmp_path, capsys):
-    import analyze_dynamics
-
-    assert analyze_dynamics.main(["--limit", "1", "--no-compile-cache", "--output", str(tmp_path)]) == 2
-    assert "does not record traces yet" in capsys.readouterr().err
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _generate_takes_trace(), reason="generate(..., trace=True) has not landed yet")
 def test_script_end_to_end_on_the_embedded_model(tmp_path, capsys):
     import json
 
@@ -395,59 +379,7 @@ def test_script_end_to_end_on_the_embedded_model(tmp_path, capsys):
     again = tmp_path / "again"
     assert analyze_dynamics.main(["--from-traces", str(out / "traces"), "--output", str(again)]) == 0
     assert json.loads((again / "dynamics.json").read_text())["stable_within_25pct"] == result["stable_within_25pct"]
-
-
-def test_script_generation_path_with_a_stand_in_for_traced_generate(tmp_path, monkeypatch):
-    """Batching, trace files, texts, reuse and stale files, before the real trace=True lands: the real generate
-    makes the tokens and a stand-in trace says pass s committed position s, predicting the final tokens all along."""
-    import dataclasses
-    import json
-
-    import analyze_dynamics
-    import localleap_jax as ll
-
-    real_generate, calls = ll.generate, []
-
-    def traced_generate(model, ids, mask, cfg, rng=None, trace=False):
-        assert trace and cfg.strategy == "low_confidence" and cfg.gen_length == 64  # the paper's setting by default
-        out = real_generate(model, ids, mask, cfg, rng)
-        calls.append(len(ids))
-        tokens = out.tokens[:, out.prompt_length:]
-        B, G = tokens.shape
-        committed = np.broadcast_to(np.eye(G, dtype=bool), (B, G, G))
-        stand_in = Trace(pred=np.repeat(tokens[:, None], G, axis=1), conf=np.ones((B, G, G), np.float32),
-                         committed=committed, clause=committed.astype(np.int32), clause_names=("commit",),
-                         token=tokens, commit_pass=np.tile(np.arange(G), (B, 1)), passes=np.full(B, G))
-        return dataclasses.replace(out, trace=stand_in) if hasattr(out, "trace") else _with_trace(out, stand_in)
-
-    monkeypatch.setattr(ll, "generate", traced_generate)
-    out = tmp_path / "run"
-    assert analyze_dynamics.main(["--limit", "4", "--batch-size", "2", "--no-compile-cache", "--output", str(out)]) == 0
-    assert calls == [2, 2]
-    files = sorted((out / "traces").glob("*.npz"))
-    assert [f.name for f in files] == ["batch-00000.npz", "batch-00001.npz"]
-    loaded = [load_trace(f) for f in files]
-    assert [m["first_row"] for _, _, m in loaded] == [0, 2]
-    assert loaded[0][2]["prompts"][0].startswith("Question: ") and loaded[0][2]["prompts"][0].endswith("\nAnswer:")
-    tok = ll.load(ll.checkpoint.EMBEDDED).tokenizer
-    assert loaded[1][1] == tok.decode_generated(loaded[1][0].token)
-    result = json.loads((out / "dynamics.json").read_text())
-    # Predictions equal the final tokens from pass 0: every position stable at pass 0, 1/64 of the passes.
-    assert result["stable_within_25pct"] == 1.0 and result["consistent_given_conf_gt_0.8"] == 1.0
-    assert result["decided_positions"] == 4 * 64 and result["settings"]["strategy"] == "low_confidence"
-    # Same settings: every batch reused. Fewer problems: the extra batch file goes, so --from-traces DIR stays one run.
-    assert analyze_dynamics.main(["--limit", "4", "--batch-size", "2", "--no-compile-cache", "--output", str(out)]) == 0
-    assert calls == [2, 2]
+    # Fewer problems: the extra batch file goes, so --from-traces DIR stays one run.
     assert analyze_dynamics.main(["--limit", "2", "--batch-size", "2", "--no-compile-cache", "--output", str(out)]) == 0
-    assert calls == [2, 2] and [f.name for f in (out / "traces").glob("*.npz")] == ["batch-00000.npz"]
+    assert [f.name for f in (out / "traces").glob("*.npz")] == ["batch-00000.npz"]
     assert json.loads((out / "dynamics.json").read_text())["rows"] == 2
-
-
-def _with_trace(out, trace):
-    """A Generation with a `trace` attribute, for a library whose Generation has no such field yet."""
-    class Traced(type(out)):
-        pass
-
-    traced = Traced(**{f: getattr(out, f) for f in out.__dataclass_fields__})
-    object.__setattr__(traced, "trace", trace)
-    return traced

@@ -9,7 +9,7 @@ from typing import Any, Callable, NamedTuple
 from flax import struct
 from jaxtyping import Array, Int
 
-from localleap_jax.rules.base import DecodeError, RuleBase, Signals, per_row, setting, settings_of
+from localleap_jax.rules.base import DecodeError, RuleBase, Signals, setting, settings_of
 
 RULES: dict[str, Any] = {}  # name -> rule class (or a factory taking the settings as keywords)
 
