@@ -70,6 +70,7 @@ class Rule:
     name: str = ""
     clauses: tuple[str, ...] = ()
     uses_schedule = False  # needs gen_length / block_length (LLaDA's quota)
+    reads: tuple[str, ...] = ()  # signals beyond pred/conf it reads: "margin", "entropy", "probs"
     defaults: dict = {}
 
     def __init__(self, **settings):
@@ -254,7 +255,7 @@ class EntropyBounded(Rule):
     """EB-Sampler (arXiv 2505.24857): sort candidates by entropy ascending and commit the largest prefix
     whose entropy sum minus its largest entropy is <= gamma (plus the most confident candidate)."""
 
-    name, clauses = "eb", ("top1", "entropy_budget")
+    name, clauses, reads = "eb", ("top1", "entropy_budget"), ("entropy",)
     defaults = {"gamma": 0.01}
 
     def validate(self):
@@ -279,7 +280,7 @@ class Margin(Rule):
     """Top-k margin (Kim et al., arXiv 2502.06768; Dream's topk_margin): the quota(s) candidates with the
     largest top-1 minus top-2 probability, quota from LLaDA's schedule."""
 
-    name, clauses, uses_schedule = "margin", ("top1", "schedule"), True
+    name, clauses, uses_schedule, reads = "margin", ("top1", "schedule"), True, ("margin",)
     defaults = {"steps": None}
     _descending, _signal_name = True, "margin"
 
@@ -299,7 +300,7 @@ class Entropy(Margin):
     """Negative entropy (Dream's `entropy` alg): the quota(s) candidates of lowest entropy, quota from
     LLaDA's schedule."""
 
-    name = "entropy"
+    name, reads = "entropy", ("entropy",)
     _descending = False
 
     def _values(self, probs, margin, entropy):
@@ -315,7 +316,7 @@ class Klass(Rule):
     always: the deviations from the authors' code are listed in the rules spec.
     """
 
-    name, clauses, uses_schedule = "klass", ("top1", "stable_kl", "fallback"), True
+    name, clauses, uses_schedule, reads = "klass", ("top1", "stable_kl", "fallback"), True, ("probs",)
     defaults = {"tau_c": 0.9, "tau_kl": 0.01, "history": 2, "steps": None}
 
     def validate(self):

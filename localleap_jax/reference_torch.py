@@ -97,16 +97,13 @@ def bidirectional_logits(model, ids: torch.Tensor, mask: torch.Tensor | None = N
     return model(input_ids=ids, attention_mask=attn, position_ids=positions).logits
 
 
-_OLD_STRATEGY_SETTINGS = {"low_confidence": ("steps",), "threshold": ("kappa",),
-                          "localleap": ("kappa", "tau", "radius")}
-
-
 def _rule_from_strategy(strategy: str, steps, kappa, tau, radius):
-    """The old `strategy=` names with their DecodeConfig-style fields, as a reference_rules object."""
+    """A rule by name, taking whichever of the DecodeConfig-style fields (steps, kappa, tau, radius) it has."""
     from localleap_jax import reference_rules
 
     given = {"steps": steps, "kappa": kappa, "tau": tau, "radius": radius}
-    return reference_rules.make(strategy, **{k: given[k] for k in _OLD_STRATEGY_SETTINGS.get(strategy, ())})
+    cls = reference_rules.RULES.get(strategy)
+    return reference_rules.make(strategy, **{k: v for k, v in given.items() if cls and k in cls.defaults})
 
 
 @torch.no_grad()
@@ -126,8 +123,9 @@ def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *
       p      = softmax(head, with EOS and EOT also -inf if confidence_eos_eot_inf);  conf = p[pred]
     and the rule (a `reference_rules` object, one fresh copy per row, reset when the row enters a
     block) picks the commits among the block's still-masked positions. `strategy=` keeps the old
-    form: "low_confidence" (steps), "threshold" (kappa), "localleap" (kappa, tau, radius); any other
-    rule name runs with its default settings.
+    form: a rule name whose settings come from the fields it has among steps, kappa, tau, radius
+    ("low_confidence": steps, "threshold": kappa, "localleap": kappa, tau, radius); other settings
+    keep their defaults (use `rule=` to set them).
 
     Returns (canvas [B, P+G], NFE per row). `stats`, if given, receives "passes" (forward passes of
     the batch) and counts of commits by clause name (the rule's `clauses`). `trace`, if given,
@@ -178,23 +176,33 @@ def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *
                     scored[:, :, eot_id] = -float("inf")
             p = torch.softmax(scored, dim=-1)
             conf = torch.gather(p, -1, pred[..., None])[..., 0]
+            # Only what the rule reads leaves the device: [G] signals per row, whole [T, V] rows for KLASS.
+            extra = {}
+            if "margin" in rule.reads:
+                top2 = p.topk(2, dim=-1).values
+                extra["margin"] = (top2[..., 0] - top2[..., 1]).cpu().numpy()
+            if "entropy" in rule.reads:
+                extra["entropy"] = -torch.where(p > 0, p * torch.log(p), torch.zeros_like(p)).sum(-1).cpu().numpy()
+            pred_h, conf_h = pred.cpu().numpy(), conf.cpu().numpy()
+            masked = (x[:, lo:hi] == mask_id).cpu().numpy()
+            blk = slice(lo - P, hi - P)
             for r in range(B):
-                blk = slice(lo - P, hi - P)
-                cand = [j for j in range(block_length) if x[r, lo + j] == mask_id] if not done[r] else []
+                cand = [] if done[r] else [int(j) for j in np.flatnonzero(masked[r])]
                 if not cand:
                     continue
                 nfe[r] += 1
-                commits = rules[r].select(step[r], cand, p[r, blk].numpy(), pred[r, blk].numpy(),
-                                          conf[r, blk].numpy())
-                top1 = min(cand, key=lambda j: (-conf[r, lo - P + j].item(), j))
+                probs = p[r, blk].cpu().numpy() if "probs" in rule.reads else None
+                commits = rules[r].select(step[r], cand, probs, pred_h[r, blk], conf_h[r, blk],
+                                          **{k: v[r, blk] for k, v in extra.items()})
+                top1 = min(cand, key=lambda j: (-conf_h[r, lo - P + j], j))
                 assert set(commits) <= set(cand) and commits.get(top1) == "top1", (rule, commits)
                 for j, clause in commits.items():
-                    x[r, lo + j] = pred[r, lo - P + j]
+                    x[r, lo + j] = int(pred_h[r, lo - P + j])
                     if stats is not None:
                         stats[clause] = stats.get(clause, 0) + 1
                 if trace is not None:
-                    trace["pred"][r].append(pred[r].numpy().copy())
-                    trace["conf"][r].append(conf[r].numpy().copy())
+                    trace["pred"][r].append(pred_h[r].copy())
+                    trace["conf"][r].append(conf_h[r].copy())
                     trace["commits"][r].append({b * block_length + j: c for j, c in commits.items()})
                     trace["block"][r].append(b)
                     trace["step_in_block"][r].append(step[r])
