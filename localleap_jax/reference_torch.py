@@ -97,47 +97,78 @@ def bidirectional_logits(model, ids: torch.Tensor, mask: torch.Tensor | None = N
     return model(input_ids=ids, attention_mask=attn, position_ids=positions).logits
 
 
+def _rule_from_strategy(strategy: str, steps, kappa, tau, radius):
+    """A rule by name, taking whichever of the DecodeConfig-style fields (steps, kappa, tau, radius) it has."""
+    from localleap_jax import reference_rules
+
+    given = {"steps": steps, "kappa": kappa, "tau": tau, "radius": radius}
+    cls = reference_rules.RULES.get(strategy)
+    return reference_rules.make(strategy, **{k: v for k, v in given.items() if cls and k in cls.defaults})
+
+
 @torch.no_grad()
-def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *, strategy: str,
-                   gen_length: int, block_length: int, mask_id: int, eos_id: int, eot_id: int | None = None,
-                   steps: int | None = None, kappa: float = 0.9, tau: float = 0.75, radius: int = 4,
-                   early_stop: bool = False, logits_eos_inf: bool = False,
-                   confidence_eos_eot_inf: bool = False, stats: dict | None = None
-                   ) -> tuple[torch.Tensor, list[int]]:
+def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *, strategy: str | None = None,
+                   rule=None, gen_length: int, block_length: int, mask_id: int, eos_id: int,
+                   eot_id: int | None = None, steps: int | None = None, kappa: float = 0.9, tau: float = 0.75,
+                   radius: int = 4, early_stop: bool = False, logits_eos_inf: bool = False,
+                   confidence_eos_eot_inf: bool = False, shift: int = 0, vocab_limit: int | None = None,
+                   stats: dict | None = None, trace: dict | None = None) -> tuple[torch.Tensor, list[int]]:
     """The published decoding loop, step by step in Python (LLaDA `generate.py` / Fast-dLLM style).
 
     Rows of a batch move through blocks together, as in the published code; a row whose block is
-    full waits (no commits, no NFE). Per step: full bidirectional forward, float64 softmax,
-    then per row the rule as written in the paper:
-      low_confidence: the k most confident masked tokens, k from LLaDA's per-block schedule;
-      threshold:      the most confident, plus every masked token with p >= kappa;
-      localleap:      threshold, plus p >= tau within `radius` positions of a token with p >= kappa.
+    full waits (no commits, no NFE, its rule state untouched). Per pass: full bidirectional forward,
+    Dream's shift if `shift` (position i scored by the hidden state at i-1), then per row in float64,
+    at every position of the generated region (rules spec, "Common definitions"):
+      head   = logits, EOS -inf if logits_eos_inf, ids >= vocab_limit -inf;  pred = argmax(head)
+      p      = softmax(head, with EOS and EOT also -inf if confidence_eos_eot_inf);  conf = p[pred]
+    and the rule (a `reference_rules` object, one fresh copy per row, reset when the row enters a
+    block) picks the commits among the block's still-masked positions. `strategy=` keeps the old
+    form: a rule name whose settings come from the fields it has among steps, kappa, tau, radius
+    ("low_confidence": steps, "threshold": kappa, "localleap": kappa, tau, radius); other settings
+    keep their defaults (use `rule=` to set them).
+
     Returns (canvas [B, P+G], NFE per row). `stats`, if given, receives "passes" (forward passes of
-    the batch) and counts of commits by the clause of the LocalLeap rule that first allowed them:
-    "top1", "kappa", "tau_near_anchor".
+    the batch) and counts of commits by clause name (the rule's `clauses`). `trace`, if given,
+    receives per row and per forward pass of that row (its NFE order): "pred" [G] and "conf" [G] at
+    every generated position, "commits" {generated position: clause}, and "block", "step_in_block".
     """
+    from localleap_jax import reference_rules
+
+    if (strategy is None) == (rule is None):
+        raise ValueError("give exactly one of strategy= (a name) or rule= (a reference_rules object)")
+    if rule is None:
+        rule = _rule_from_strategy(strategy, steps, kappa, tau, radius)
+    rule.bind(gen_length=gen_length, block_length=block_length)
+    rules = [reference_rules.fresh(rule) for _ in range(ids.shape[0])]
+
     B, P = ids.shape
     if mask is None:
         mask = torch.ones_like(ids, dtype=torch.bool)
     x = torch.cat([ids, torch.full((B, gen_length), mask_id, dtype=ids.dtype, device=ids.device)], dim=1)
     attn = torch.cat([mask.bool(), torch.ones(B, gen_length, dtype=torch.bool, device=ids.device)], dim=1)
     num_blocks = gen_length // block_length
-    steps_per_block = (gen_length if steps is None else steps) // num_blocks
     nfe = [0] * B
     done = [False] * B
+    if trace is not None:
+        for key in ("pred", "conf", "commits", "block", "step_in_block"):
+            trace[key] = [[] for _ in range(B)]
     for b in range(num_blocks):
         lo, hi = P + b * block_length, P + (b + 1) * block_length
-        # LLaDA's get_num_transfer_tokens: the block's masked count spread evenly, remainder first.
-        base, rem = divmod(block_length, steps_per_block)
-        quota = [base + (1 if i < rem else 0) for i in range(steps_per_block)]
-        step = 0
+        step = [0] * B  # passes each row has worked in this block
+        for r in range(B):
+            rules[r].reset()
         while any(not done[r] and (x[r, lo:hi] == mask_id).any() for r in range(B)):
-            logits = bidirectional_logits(model, x, attn).double()
+            logits = bidirectional_logits(model, x, attn)
+            if shift:
+                logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+            logits = logits[:, P:].double()  # the generated region: [B, G, V]
             if stats is not None:
                 stats["passes"] = stats.get("passes", 0) + 1
             if logits_eos_inf:
                 logits[:, :, eos_id] = -float("inf")
-            pred = logits.argmax(-1)
+            if vocab_limit is not None:
+                logits[:, :, vocab_limit:] = -float("inf")
+            pred = logits.argmax(-1)  # first maximum: lowest id on ties
             scored = logits.clone()
             if confidence_eos_eot_inf:
                 scored[:, :, eos_id] = -float("inf")
@@ -145,29 +176,37 @@ def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *
                     scored[:, :, eot_id] = -float("inf")
             p = torch.softmax(scored, dim=-1)
             conf = torch.gather(p, -1, pred[..., None])[..., 0]
+            # Only what the rule reads leaves the device: [G] signals per row, whole [T, V] rows for KLASS.
+            extra = {}
+            if "margin" in rule.reads:
+                top2 = p.topk(2, dim=-1).values
+                extra["margin"] = (top2[..., 0] - top2[..., 1]).cpu().numpy()
+            if "entropy" in rule.reads:
+                extra["entropy"] = -torch.where(p > 0, p * torch.log(p), torch.zeros_like(p)).sum(-1).cpu().numpy()
+            pred_h, conf_h = pred.cpu().numpy(), conf.cpu().numpy()
+            masked = (x[:, lo:hi] == mask_id).cpu().numpy()
+            blk = slice(lo - P, hi - P)
             for r in range(B):
-                cand = [j for j in range(lo, hi) if x[r, j] == mask_id] if not done[r] else []
+                cand = [] if done[r] else [int(j) for j in np.flatnonzero(masked[r])]
                 if not cand:
                     continue
                 nfe[r] += 1
-                c = {j: conf[r, j].item() for j in cand}
-                ranked = sorted(cand, key=lambda j: (-c[j], j))
-                if strategy == "low_confidence":
-                    chosen = set(ranked[:quota[step]])
-                elif strategy == "threshold":
-                    chosen = {ranked[0]} | {j for j in cand if c[j] >= kappa}
-                elif strategy == "localleap":
-                    anchors = [j for j in cand if c[j] >= kappa]
-                    near = {j for j in cand if c[j] >= tau and any(abs(j - a) <= radius for a in anchors)}
-                    chosen = {ranked[0]} | set(anchors) | near
-                else:
-                    raise ValueError(f"unknown strategy {strategy!r}")
-                for j in chosen:
-                    x[r, j] = pred[r, j]
+                probs = p[r, blk].cpu().numpy() if "probs" in rule.reads else None
+                commits = rules[r].select(step[r], cand, probs, pred_h[r, blk], conf_h[r, blk],
+                                          **{k: v[r, blk] for k, v in extra.items()})
+                top1 = min(cand, key=lambda j: (-conf_h[r, lo - P + j], j))
+                assert set(commits) <= set(cand) and commits.get(top1) == "top1", (rule, commits)
+                for j, clause in commits.items():
+                    x[r, lo + j] = int(pred_h[r, lo - P + j])
                     if stats is not None:
-                        clause = "top1" if j == ranked[0] else "kappa" if c[j] >= kappa else "tau_near_anchor"
                         stats[clause] = stats.get(clause, 0) + 1
-            step += 1
+                if trace is not None:
+                    trace["pred"][r].append(pred_h[r].copy())
+                    trace["conf"][r].append(conf_h[r].copy())
+                    trace["commits"][r].append({b * block_length + j: c for j, c in commits.items()})
+                    trace["block"][r].append(b)
+                    trace["step_in_block"][r].append(step[r])
+                step[r] += 1
         for r in range(B):
             if done[r]:
                 continue
