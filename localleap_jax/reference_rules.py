@@ -17,10 +17,13 @@ rules that read whole distributions need it: margin and entropy when not given d
 boundary-case table does, to use exact dyadic values). A stateful rule's `select` is one pass of the
 row: call it once per pass the row works, and `reset()` when the row enters a block.
 
-Common to all rules (the loop contract): commits are candidates, and the most confident candidate
-(highest conf, lowest position on ties) always commits under the clause "top1". Ranking ties go to
-the lowest position. Clause names: the first clause, in each rule's `clauses` order, that allows the
-commit.
+Common to all rules (the loop contract): commits are candidates, and a row that has candidates commits
+at least one: where the rule chooses none, its most confident candidate (highest conf, lowest position
+on ties) commits under the clause "top1". Rules that rank by confidence (low_confidence, threshold,
+localleap, factor, stable) always commit that candidate as "top1" themselves; rules that rank by another
+signal (eb, margin, entropy) or commit only what is ready (klass) do not, as in their published forms.
+Ranking ties go to the lowest position. Clause names: the first clause, in each rule's `clauses` order,
+that allows the commit.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class Rule:
 
     name: str = ""
     clauses: tuple[str, ...] = ()
+    commits_top1 = True  # the most confident candidate always commits (rules that rank by confidence)
     uses_schedule = False  # needs gen_length / block_length (LLaDA's quota)
     reads: tuple[str, ...] = ()  # signals beyond pred/conf it reads: "margin", "entropy", "probs"
     defaults: dict = {}
@@ -125,9 +129,11 @@ class Rule:
             return {}
         top1 = min(cand, key=lambda i: (-conf[i], i))
         chosen = self._select(step_in_block, cand, probs, pred, conf, margin, entropy, top1)
-        out = {top1: "top1"}
+        out = {top1: "top1"} if self.commits_top1 else {}
         for i in sorted(chosen):
             out.setdefault(i, chosen[i])
+        if not out:  # the loop contract: at least one commit per working row
+            out = {top1: "top1"}
         assert set(out) <= set(cand), (self.name, out, cand)
         return out
 
@@ -253,9 +259,9 @@ class Factor(Rule):
 
 class EntropyBounded(Rule):
     """EB-Sampler (arXiv 2505.24857): sort candidates by entropy ascending and commit the largest prefix
-    whose entropy sum minus its largest entropy is <= gamma (plus the most confident candidate)."""
+    whose entropy sum minus its largest entropy is <= gamma."""
 
-    name, clauses, reads = "eb", ("top1", "entropy_budget"), ("entropy",)
+    name, clauses, reads, commits_top1 = "eb", ("entropy_budget",), ("entropy",), False
     defaults = {"gamma": 0.01}
 
     def validate(self):
@@ -280,7 +286,7 @@ class Margin(Rule):
     """Top-k margin (Kim et al., arXiv 2502.06768; Dream's topk_margin): the quota(s) candidates with the
     largest top-1 minus top-2 probability, quota from LLaDA's schedule."""
 
-    name, clauses, uses_schedule, reads = "margin", ("top1", "schedule"), True, ("margin",)
+    name, clauses, uses_schedule, reads, commits_top1 = "margin", ("schedule",), True, ("margin",), False
     defaults = {"steps": None}
     _descending, _signal_name = True, "margin"
 
@@ -312,11 +318,12 @@ class Klass(Rule):
     the candidates with conf > tau_c whose KL(this pass || previous pass) stayed < tau_kl for the last
     `history` passes of this block; none ready -> LLaDA's schedule by confidence.
 
-    Per-block reset (no previous distribution at a block's first pass), exact KL (no eps) and top1
-    always: the deviations from the authors' code are listed in the rules spec.
+    Per-block reset (no previous distribution at a block's first pass) and the exact KL (no eps): the
+    deviations from the authors' code are listed in the rules spec. As in their code, only the ready
+    candidates commit when any is ready (no extra most-confident one).
     """
 
-    name, clauses, uses_schedule, reads = "klass", ("top1", "stable_kl", "fallback"), True, ("probs",)
+    name, clauses, uses_schedule, reads, commits_top1 = "klass", ("stable_kl", "fallback"), True, ("probs",), False
     defaults = {"tau_c": 0.9, "tau_kl": 0.01, "history": 2, "steps": None}
 
     def validate(self):

@@ -119,8 +119,9 @@ def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *
     full waits (no commits, no NFE, its rule state untouched). Per pass: full bidirectional forward,
     Dream's shift if `shift` (position i scored by the hidden state at i-1), then per row in float64,
     at every position of the generated region (rules spec, "Common definitions"):
-      head   = logits, EOS -inf if logits_eos_inf, ids >= vocab_limit -inf;  pred = argmax(head)
+      head   = logits, EOS -inf if logits_eos_inf;  pred = argmax(head over ids < vocab_limit)
       p      = softmax(head, with EOS and EOT also -inf if confidence_eos_eot_inf);  conf = p[pred]
+    (ids >= vocab_limit, which the tokenizer cannot decode, are never predicted but keep their softmax share)
     and the rule (a `reference_rules` object, one fresh copy per row, reset when the row enters a
     block) picks the commits among the block's still-masked positions. `strategy=` keeps the old
     form: a rule name whose settings come from the fields it has among steps, kappa, tau, radius
@@ -166,9 +167,11 @@ def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *
                 stats["passes"] = stats.get("passes", 0) + 1
             if logits_eos_inf:
                 logits[:, :, eos_id] = -float("inf")
-            if vocab_limit is not None:
-                logits[:, :, vocab_limit:] = -float("inf")
-            pred = logits.argmax(-1)  # first maximum: lowest id on ties
+            choosable = logits
+            if vocab_limit is not None:  # never predict an id the tokenizer cannot decode (its softmax share stays)
+                choosable = logits.clone()
+                choosable[:, :, vocab_limit:] = -float("inf")
+            pred = choosable.argmax(-1)  # first maximum: lowest id on ties
             scored = logits.clone()
             if confidence_eos_eot_inf:
                 scored[:, :, eos_id] = -float("inf")
@@ -195,7 +198,8 @@ def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *
                 commits = rules[r].select(step[r], cand, probs, pred_h[r, blk], conf_h[r, blk],
                                           **{k: v[r, blk] for k, v in extra.items()})
                 top1 = min(cand, key=lambda j: (-conf_h[r, lo - P + j], j))
-                assert set(commits) <= set(cand) and commits.get(top1) == "top1", (rule, commits)
+                assert commits and set(commits) <= set(cand), (rule, commits)
+                assert commits.get(top1) == "top1" or not rules[r].commits_top1, (rule, commits)
                 for j, clause in commits.items():
                     x[r, lo + j] = int(pred_h[r, lo - P + j])
                     if stats is not None:

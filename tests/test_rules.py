@@ -262,3 +262,42 @@ def test_specs_round_trip_and_split():
     assert R.split_specs("localleap:kappa=0.8,tau=0.7,threshold,eb:gamma=0.1") == [
         "localleap:kappa=0.8,tau=0.7", "threshold", "eb:gamma=0.1"]
     assert ll.rule("threshold:kappa=[0.8;0.9]").kappa == [0.8, 0.9]
+
+
+# ---------------------------------------------------------------- the hand-computed boundary table
+
+from rule_cases import CASES, expected_mask, signals as case_signals  # noqa: E402
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_every_rule_on_the_hand_computed_boundary_cases(case):
+    """tests/rule_cases.py: every boundary of every rule, computed by hand, pass by pass (state included)."""
+    rule = ll.rule(case.rule, **case.settings).validate(case.gen_length, case.block_length or case.T)
+    state = None
+    for step, s_in_block in zip(case.steps, case.step_indices()):
+        given = case_signals(step)
+        V_case = 2 if given["logits"] is None else given["logits"].shape[-1]
+        if state is None or step.new_block:
+            state = rule.init(1, case.T, V_case)
+        logits = np.zeros((case.T, V_case)) if given["logits"] is None else given["logits"]
+        s = R.Signals(logits=jnp.asarray(logits[None], jnp.float32), pred=jnp.asarray(given["pred"][None], jnp.int32),
+                      conf=jnp.asarray(given["conf"][None], jnp.float32),
+                      candidates=jnp.asarray(given["candidates"][None]),
+                      step=jnp.asarray([s_in_block], jnp.int32), gen_length=case.gen_length,
+                      block_length=case.block_length or case.T)
+        for name in ("margin", "entropy"):  # given exactly, as the table says, instead of from logits
+            if given[name] is not None:
+                setattr(s, name, jnp.asarray(given[name][None], jnp.float32))
+        if step.quota is not None:
+            assert int(s.quota(case.settings.get("steps"))[0]) == step.quota, "the schedule quota"
+        code, state = rule.update(s, state)
+        code = np.asarray(code)[0]
+        np.testing.assert_array_equal(code > 0, expected_mask(step), err_msg=f"{case.id}: {case.note}")
+        assert {i: rule.clause_names[code[i] - 1] for i in np.flatnonzero(code)} == step.expect, case.id
+
+
+def test_the_table_reaches_every_clause_of_every_rule():
+    reached = {(c.rule, clause) for c in CASES for st in c.steps for clause in st.expect.values()}
+    for name in R.RULES:
+        for clause in ll.rule(name).clause_names:
+            assert (name, clause) in reached, (name, clause)

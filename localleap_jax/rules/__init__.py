@@ -20,10 +20,10 @@ from localleap_jax.rules.registry import (RULES, FunctionRule, LegacyRule, RuleP
                                           register_rule, rule, split_specs, stateless)
 from localleap_jax.rules.confidence import Factor, LocalLeap, LowConfidence, Threshold, near_any  # noqa: E402
 from localleap_jax.rules.uncertainty import EntropyBounded, Entropy, Margin  # noqa: E402
-from localleap_jax.rules.stateful import Stable  # noqa: E402
+from localleap_jax.rules.stateful import Klass, Stable  # noqa: E402
 from localleap_jax.rules.combinators import AllOf, AnyOf, all_of, any_of  # noqa: E402
 
-__all__ = ["AllOf", "AnyOf", "DecodeError", "Entropy", "EntropyBounded", "Factor", "FunctionRule", "LegacyRule",
+__all__ = ["AllOf", "AnyOf", "DecodeError", "Entropy", "EntropyBounded", "Factor", "FunctionRule", "Klass", "LegacyRule",
            "LocalLeap", "LowConfidence", "Margin", "RULES", "Rule", "RuleBase", "RuleParams", "Signals", "Stable",
            "Threshold", "all_of", "any_of", "first_clause", "most_confident", "near_any", "parse_spec", "per_row",
            "rank_by", "register", "register_rule", "rule", "setting", "split_specs", "stateless", "top_k"]

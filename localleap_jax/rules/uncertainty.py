@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import struct
 
-from localleap_jax.rules.base import RuleBase, Signals, first_clause, per_row, rank_by, setting
+from localleap_jax.rules.base import RuleBase, Signals, per_row, rank_by, setting, top_k
 from localleap_jax.rules.confidence import check_steps
 from localleap_jax.rules.registry import register_rule
 
@@ -14,10 +14,10 @@ from localleap_jax.rules.registry import register_rule
 @struct.dataclass
 class Margin(RuleBase):
     """Top-k margin (Kim et al., arXiv 2502.06768; Dream's `topk_margin`): LLaDA's schedule for how
-    many, ranked by top-1 minus top-2 probability instead of confidence ("top1": the best margin)."""
+    many, ranked by top-1 minus top-2 probability instead of confidence."""
 
     steps: int | None = setting(None, int, low=1, none_ok=True)
-    clause_names = ("top1", "schedule")
+    clause_names = ("schedule",)
 
     def validate(self, gen_length=None, block_length=None):
         super().validate()
@@ -25,9 +25,7 @@ class Margin(RuleBase):
         return self
 
     def update(self, s: Signals, state):
-        rank = rank_by(s.margin, s.candidates)
-        chosen = s.candidates & (rank < per_row(s.quota(self.steps)))
-        return first_clause(chosen & (rank == 0), chosen), state
+        return top_k(s.margin, s.candidates, s.quota(self.steps)), state
 
 
 @register_rule("entropy")
@@ -37,7 +35,7 @@ class Entropy(RuleBase):
     how many, ranked by negative entropy instead of confidence."""
 
     steps: int | None = setting(None, int, low=1, none_ok=True)
-    clause_names = ("top1", "schedule")
+    clause_names = ("schedule",)
 
     def validate(self, gen_length=None, block_length=None):
         super().validate()
@@ -45,9 +43,7 @@ class Entropy(RuleBase):
         return self
 
     def update(self, s: Signals, state):
-        rank = rank_by(-s.entropy, s.candidates)
-        chosen = s.candidates & (rank < per_row(s.quota(self.steps)))
-        return first_clause(chosen & (rank == 0), chosen), state
+        return top_k(-s.entropy, s.candidates, s.quota(self.steps)), state
 
 
 @register_rule("eb")
@@ -57,7 +53,7 @@ class EntropyBounded(RuleBase):
     largest prefix whose entropy sum minus its largest entropy is <= gamma."""
 
     gamma: float = setting(0.01, low=0.0)
-    clause_names = ("top1", "entropy_budget")
+    clause_names = ("entropy_budget",)
 
     def update(self, s: Signals, state):
         rank = rank_by(-s.entropy, s.candidates)  # 0 = lowest entropy
@@ -67,5 +63,4 @@ class EntropyBounded(RuleBase):
         # Sorted ascending, a prefix's max is its last entry: sum minus max = the sum of the entries before.
         before = jnp.cumsum(sorted_ent, axis=-1) - sorted_ent
         within = jnp.take_along_axis(before <= per_row(self.gamma), rank, axis=-1)
-        chosen = s.candidates & within  # never empty: the lowest-entropy candidate has nothing before it
-        return first_clause(chosen & (rank == 0), chosen), state
+        return s.candidates & within, state  # never empty: the lowest-entropy candidate has nothing before it
