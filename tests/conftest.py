@@ -115,3 +115,22 @@ def converted(tmp_path_factory, hf_checkpoint):
     out = tmp_path_factory.mktemp("conv") / "tiny"
     convert(str(hf_checkpoint[0]), str(out), progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def sharp_checkpoint(tmp_path_factory, tiny_tokenizer):
+    """(converted dir, hf_config, tensors): a 2-layer random model whose output head is scaled x20 so that
+    its confidences spread over (0, 1), as decoding tests need."""
+    from convert.llada import convert
+
+    tok = tiny_tokenizer
+    cfg = tiny_hf_config(len(tok), tok.mask_token_id, tok.eos_token_id, n_layers=2)
+    tensors = random_llada_tensors(cfg, seed=11, head_scale=20.0)
+    d = tmp_path_factory.mktemp("sharp")
+    convert(str(write_hf_checkpoint(d / "hf", cfg, tensors, tok)), str(d / "ck"), progress=False)
+    return d / "ck", cfg, tensors
+
+
+@pytest.fixture(scope="session")
+def converted_sharp(sharp_checkpoint):
+    return sharp_checkpoint[0]

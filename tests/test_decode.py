@@ -14,16 +14,10 @@ from conftest import random_llada_tensors, tiny_hf_config, write_hf_checkpoint
 
 
 @pytest.fixture(scope="module")
-def sharp(tmp_path_factory, tiny_tokenizer):
-    """A random model whose output head is scaled so confidences spread over (0, 1): (Model, torch oracle model)."""
-    from convert.llada import convert
-
-    tok = tiny_tokenizer
-    cfg = tiny_hf_config(len(tok), tok.mask_token_id, tok.eos_token_id, n_layers=2)
-    tensors = random_llada_tensors(cfg, seed=11, head_scale=20.0)
-    d = tmp_path_factory.mktemp("sharp")
-    convert(str(write_hf_checkpoint(d / "hf", cfg, tensors, tok)), str(d / "ck"), progress=False)
-    return ll.load(d / "ck", dtype="float32"), reference_torch.llama_from_llada(cfg, tensors)
+def sharp(sharp_checkpoint):
+    """A random model whose confidences spread over (0, 1): (Model, the torch oracle holding its weights)."""
+    path, cfg, tensors = sharp_checkpoint
+    return ll.load(path, dtype="float32"), reference_torch.llama_from_llada(cfg, tensors)
 
 
 PROMPTS = [[5, 17, 42, 99, 7], [120, 3, 3, 250, 11, 64, 8, 31, 200], [77, 12, 150]]

@@ -1,0 +1,78 @@
+"""Decoding on (data, model) meshes of 8 virtual CPU devices equals single-device decoding.
+
+Runs in a subprocess: the device count is fixed when JAX starts (XLA_FLAGS), and the rest of the suite
+runs on one device.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+SCRIPT = r"""
+import json, sys
+import jax, numpy as np
+import localleap_jax as ll
+from localleap_jax.sharding import addressable_bytes, make_mesh, param_specs, shard_params
+from localleap_jax.tokenizer import left_pad
+assert jax.device_count() == 8, jax.devices()
+model = ll.load(sys.argv[1], dtype="float32")
+prompts = [[5, 17, 42], [120, 3, 3, 250, 11], [77], [8, 9, 10, 11], [200, 201], [31, 32, 33, 34, 35, 36], [64]]
+ids, mask = left_pad(prompts, model.config.pad_token_id)  # 7 rows: no mesh below divides them evenly
+meshes = [(8, 1), (4, 2), (2, 4), (1, 8)]
+res = {"cases": []}
+for strategy in ("localleap", "threshold", "low_confidence"):
+    for cache in ("none", "dual"):
+        cfg = ll.DecodeConfig(strategy=ll.rule(strategy), gen_length=16, block_length=8, cache=cache)
+        one = ll.generate(model, ids, mask, cfg)
+        for data, mod in meshes:
+            out = ll.generate(model, ids, mask, cfg, mesh=make_mesh(data, mod))
+            res["cases"].append(dict(strategy=strategy, cache=cache, mesh=[data, mod],
+                                     tokens=bool((out.tokens == one.tokens).all()), nfe=bool((out.nfe == one.nfe).all()),
+                                     shape=list(out.tokens.shape)))
+        res.setdefault("nfe_spread", []).append(sorted(set(one.nfe.tolist())))
+
+# Parameter bytes per device with model=4 (from the arrays' addressable shards).
+mesh = make_mesh(2, 4)
+placed = shard_params(model.params, mesh)
+per_device = addressable_bytes(placed)
+total = sum(a.nbytes for a in jax.tree.leaves(model.params))
+specs = jax.tree.leaves(param_specs(model.params, 4), is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+split = sum(a.nbytes for a, s in zip(jax.tree.leaves(model.params), specs) if any(ax is not None for ax in s))
+res["bytes"] = dict(total=total, split=split, per_device=sorted(set(per_device.values())))
+
+# The compiled decode step's temporary memory per device, one device vs the model split 4 ways.
+from localleap_jax import decode
+def temp_bytes(m):
+    cfg = ll.DecodeConfig(gen_length=16, block_length=8, cache="dual")
+    decode._COMPILED.clear()
+    ll.generate(model, ids[:1], mask[:1], cfg, mesh=make_mesh(1, m))
+    (exe,) = decode._COMPILED.values()
+    return exe.memory_analysis().temp_size_in_bytes
+res["temp"] = {"model=1": temp_bytes(1), "model=4": temp_bytes(4)}
+print(json.dumps(res))
+"""
+
+
+@pytest.mark.slow
+def test_every_mesh_decodes_exactly_as_one_device(converted_sharp):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(converted_sharp)], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    for case in res["cases"]:
+        assert case["tokens"] and case["nfe"] and case["shape"][0] == 7, case
+    assert len(res["cases"]) == 3 * 2 * 4
+    assert all(len(s) > 1 for s in res["nfe_spread"][:4])  # rows finish at different passes (the per-shard loop matters)
+    b = res["bytes"]
+    print(f"parameter bytes: {b['total']} in all, {b['split']} split; per device with model=4: {b['per_device']}; "
+          f"temp bytes of one decode program per device: {res['temp']}")
+    # Per device: a quarter of the split (matmul) weights plus the replicated norms.
+    assert max(b["per_device"]) <= 1.05 * b["total"] / 4
+    assert b["split"] >= 0.99 * b["total"]  # every matmul weight of this model divides by 4
+    assert res["temp"]["model=4"] < res["temp"]["model=1"]
