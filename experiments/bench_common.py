@@ -28,7 +28,12 @@ SHAPES = {
                             vocab_size=126464, embedding_size=126464, rope_theta=500000.0,
                             max_sequence_length=4096, mask_token_id=126336, eos_token_id=126081,
                             pad_token_id=126081),
-    # a CPU-sized model of the same family
+    # Dream-v0-Instruct-7B's architecture (a Qwen2.5-7B block: GQA 28/4, q/k/v biases, untied head)
+    "dream-7b": ModelConfig(d_model=3584, n_heads=28, n_kv_heads=4, n_layers=28, mlp_hidden_size=18944,
+                            vocab_size=152064, embedding_size=152064, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                            max_sequence_length=131072, mask_token_id=151666, eos_token_id=151643,
+                            pad_token_id=151643, family="dream", qkv_bias=True),
+    # a CPU-sized model of the LLaDA family
     "small": ModelConfig(d_model=256, n_heads=8, n_kv_heads=8, n_layers=4, mlp_hidden_size=768, vocab_size=32000,
                          embedding_size=32000, rope_theta=500000.0, max_sequence_length=4096, mask_token_id=31999,
                          eos_token_id=31998, pad_token_id=31998),
@@ -46,22 +51,24 @@ def random_model(shape: str, dtype, seed: int = 0) -> Model:
 
 
 def torch_twin(model: Model, dtype=None):
-    """transformers' Llama holding exactly `model`'s weights (via LLaDA tensor names), on the same device kind."""
+    """transformers' Llama (LLaDA) or Qwen2 (Dream) holding exactly `model`'s weights, via the family's HF
+    tensor names, on the same device kind."""
     import torch
 
-    from convert.llada import llada_tensors
     from localleap_jax import reference_torch
+    from localleap_jax.families import hf_tensors
 
     device = "cuda" if on_gpu() and torch.cuda.is_available() else "cpu"
     tdtype = dtype or {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(str(model.dtype), torch.float32)
     tensors = {}
-    for name, arr in llada_tensors(model.params, model.config.n_layers).items():
+    for name, arr in hf_tensors(model.params, model.config).items():
         if device == "cuda":  # device to device, no host copy
             t = torch.from_dlpack(jnp.asarray(arr))
         else:
             t = torch.from_numpy(np.array(arr, np.float32))  # a writable copy
         tensors[name] = t.to(device=device, dtype=tdtype).contiguous()
-    return reference_torch.llama_from_llada(model.config.to_hf_dict(), tensors, dtype=tdtype, device=device), device
+    build = reference_torch.qwen2_from_dream if model.config.family == "dream" else reference_torch.llama_from_llada
+    return build(model.config.to_hf_dict(), tensors, dtype=tdtype, device=device), device
 
 
 def median_seconds(fn, reps: int = 5, warmup: int = 1) -> float:

@@ -2,6 +2,7 @@
 
     python experiments/bench_forward.py                                   # CPU, small shape, fp32
     python experiments/bench_forward.py --shape llada-8b --length 1152 --batch 1,8 --dtype bfloat16   # GPU
+    python experiments/bench_forward.py --shape dream-7b --length 1152 --batch 1,8 --dtype bfloat16   # GPU
 
 Both sides run the full bidirectional forward to logits [B, L, V]; the printed ratio is
 PyTorch time / JAX time (above 1: JAX is faster), measured in this one run.
@@ -21,7 +22,8 @@ import numpy as np
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="small", choices=("small", "llada-8b"))
+    ap.add_argument("--shape", default="small", choices=("small", "llada-8b", "dream-7b"),
+                    help="random weights at this architecture (dream-7b: Dream's logits shift included)")
     ap.add_argument("--length", type=int, default=256, help="sequence length L (default %(default)s)")
     ap.add_argument("--batch", default="1,4", help="comma-separated batch sizes (default %(default)s)")
     ap.add_argument("--dtype", default=None, help="bfloat16 on GPU, float32 on CPU by default")

@@ -1,7 +1,7 @@
 """Checkpoint directories: write them atomically, load them into a `Model`.
 
 A checkpoint directory holds
-  config.json      LLaDA's config (the HF one, copied, or one this project wrote)
+  config.json      the model's config (the HF one, copied, or one this project wrote); names the family
   params/          the Flax parameter tree, saved with Orbax
   tokenizer files  tokenizer.json, tokenizer_config.json, ... (copied verbatim)
   manifest.json    format tag, source, per-shard sha256, parameter dtype; written last
@@ -118,13 +118,14 @@ def save(out: str | Path, config: ModelConfig, params: Params, tokenizer_dir: st
     with atomic_directory(out) as tmp:
         write_checkpoint_files(tmp, hf_config=hf_config or config.to_hf_dict(), params=params,
                                tokenizer_dir=tokenizer_dir, manifest=manifest or {},
-                               readme=readme or f"# LLaDA-architecture checkpoint\n\n{json.dumps(config.to_hf_dict())}\n")
+                               readme=readme or f"# {config.family} checkpoint\n\n{json.dumps(config.to_hf_dict())}\n")
     return Path(out)
 
 
 def resolve_checkpoint(name: str | Path | None) -> Path:
     """A checkpoint directory from a name: None/"embedded" (the shipped small model), a directory,
-    or a hub id such as GSAI-ML/LLaDA-8B-Instruct (converted once into a cache, then reused)."""
+    or a hub id such as GSAI-ML/LLaDA-8B-Instruct or Dream-org/Dream-v0-Instruct-7B (converted once
+    into a cache, then reused)."""
     if name is None or str(name) in ("", "embedded"):
         if not (EMBEDDED / "manifest.json").exists():
             raise CheckpointError(f"the embedded model is missing ({EMBEDDED}); reinstall the package")
@@ -132,7 +133,7 @@ def resolve_checkpoint(name: str | Path | None) -> Path:
     path = Path(name).expanduser()
     if path.exists() or str(name).count("/") != 1 or str(name).startswith((".", "/", "~")):
         return path
-    from convert.llada import cached_conversion  # a hub id
+    from localleap_jax.convert_hf import cached_conversion  # a hub id (convert_hf imports this module)
     return cached_conversion(str(name))
 
 
@@ -144,7 +145,7 @@ def read_manifest(path: str | Path) -> dict:
         raise CheckpointError(f"{path} is a file, not a checkpoint directory")
     if (path / "model.safetensors.index.json").exists() or list(path.glob("*.safetensors")):
         raise CheckpointError(f"{path} is a Hugging Face checkpoint; convert it first: "
-                              f"python -m convert.llada {path} OUT")
+                              f"python -m convert {path} OUT")
     try:
         manifest = json.loads((path / "manifest.json").read_text())
     except FileNotFoundError:

@@ -1,41 +1,27 @@
-"""`ModelConfig`: the LLaDA architecture read from a Hugging Face config.json.
+"""`ModelConfig`: the architecture read from a Hugging Face config.json, for either model family.
 
-LLaDA's config is OLMo-style (d_model, n_heads, mlp_hidden_size, ...). Only the
-Llama-style block is implemented; any flag that would change the maths is
-rejected by name instead of being silently ignored.
+Two families share one network (a Llama-style block run bidirectionally); their config.json files
+name things differently:
+  llada  LLaDA's OLMo-style keys (d_model, n_heads, mlp_hidden_size, ...), no biases.
+  dream  Dream's Qwen2-style keys (hidden_size, num_attention_heads, intermediate_size, ...),
+         biases on q/k/v, and logits shifted by one position (see `ModelConfig.logits_shift`).
+Any field that would change the maths in a way model.py does not implement is refused by name
+instead of being silently ignored.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping
+
+FAMILIES = ("llada", "dream")
 
 
 class ConfigError(ValueError):
     """A config.json this package cannot run faithfully."""
-
-
-# Flags that must be false/absent: each changes the network in a way model.py does not implement.
-_MUST_BE_FALSE = (
-    "alibi",
-    "include_bias",
-    "include_qkv_bias",
-    "weight_tying",
-    "attention_layer_norm",
-    "scale_logits",
-    "input_emb_norm",
-    "multi_query_attention",
-    "clip_qkv",
-)
-# Flags that must hold one specific value.
-_MUST_EQUAL = {
-    "block_type": "llama",
-    "layer_norm_type": "rms",
-    "activation_type": "silu",
-    "rope": True,
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,15 +32,19 @@ class ModelConfig:
     n_layers: int
     mlp_hidden_size: int
     vocab_size: int
-    embedding_size: int  # rows of wte and of the LM head (vocab padded up)
+    embedding_size: int  # rows of the embedding and of the LM head (vocab padded up)
     rope_theta: float = 500000.0
     rms_norm_eps: float = 1e-5
     max_sequence_length: int = 4096
     mask_token_id: int = 126336
     eos_token_id: int = 126081
     pad_token_id: int = 126081
+    family: str = "llada"  # "llada" | "dream": how config.json and the tensors are named
+    qkv_bias: bool = False  # q/k/v projections carry a bias (Dream, Qwen2-style)
 
     def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ConfigError(f"family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
         for name in ("d_model", "n_heads", "n_kv_heads", "n_layers", "mlp_hidden_size",
                      "vocab_size", "embedding_size", "max_sequence_length"):
             if getattr(self, name) <= 0:
@@ -69,86 +59,39 @@ class ModelConfig:
             raise ConfigError(f"embedding_size={self.embedding_size} < vocab_size={self.vocab_size}")
         if not 0 <= self.mask_token_id < self.embedding_size:
             raise ConfigError(f"mask_token_id={self.mask_token_id} is outside the embedding")
+        if self.family == "dream" and self.vocab_size != self.embedding_size:
+            # Dream's config.json has one vocab_size (the embedding rows); the tokenizer knows fewer ids.
+            raise ConfigError(f"a Dream config has vocab_size == embedding_size, got {self.vocab_size} "
+                              f"and {self.embedding_size}")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
     @property
+    def logits_shift(self) -> int:
+        """How far the logits lag the tokens they score: 1 for Dream, which (trained from an
+        autoregressive model) scores the token at i from the hidden state at i-1; 0 for LLaDA."""
+        return 1 if self.family == "dream" else 0
+
+    @property
     def num_params(self) -> int:
         d, f, v = self.d_model, self.mlp_hidden_size, self.embedding_size
         kv = self.n_kv_heads * self.head_dim
-        per_layer = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * f
+        per_layer = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * f + (d + 2 * kv if self.qkv_bias else 0)
         return 2 * v * d + d + self.n_layers * per_layer
 
     # ---- Hugging Face config.json <-> ModelConfig ----
 
     @classmethod
     def from_hf_dict(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
-        bad = [k for k in _MUST_BE_FALSE if cfg.get(k)]
-        bad += [f"{k}={cfg[k]!r} (only {v!r} is implemented)"
-                for k, v in _MUST_EQUAL.items() if k in cfg and cfg[k] != v]
-        if cfg.get("rope") is False:
-            bad.append("rope=False (only RoPE is implemented)")
-        if bad:
-            raise ConfigError("config.json asks for features this model does not implement: "
-                              + ", ".join(sorted(set(bad))))
-        missing = [k for k in ("d_model", "n_heads", "n_layers") if k not in cfg]
-        if missing:
-            raise ConfigError(f"config.json is not a LLaDA config: missing {', '.join(missing)}")
-        d_model, n_heads = int(cfg["d_model"]), int(cfg["n_heads"])
-        if cfg.get("mlp_hidden_size"):
-            mlp = int(cfg["mlp_hidden_size"])
-        elif cfg.get("mlp_ratio"):
-            mlp = int(cfg["mlp_ratio"] * d_model)
-        else:
-            raise ConfigError("config.json has neither mlp_hidden_size nor mlp_ratio")
-        vocab = int(cfg["vocab_size"])
-        eos = cfg.get("eos_token_id")
-        pad = cfg.get("pad_token_id", eos)
-        if "mask_token_id" not in cfg or eos is None:
-            raise ConfigError("config.json must give mask_token_id and eos_token_id")
-        return cls(
-            d_model=d_model,
-            n_heads=n_heads,
-            n_kv_heads=int(cfg.get("n_kv_heads") or n_heads),
-            n_layers=int(cfg["n_layers"]),
-            mlp_hidden_size=mlp,
-            vocab_size=vocab,
-            embedding_size=int(cfg.get("embedding_size") or vocab),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-            max_sequence_length=int(cfg.get("max_sequence_length", 4096)),
-            mask_token_id=int(cfg["mask_token_id"]),
-            eos_token_id=int(eos),
-            pad_token_id=int(pad if pad is not None else eos),
-        )
+        if not isinstance(cfg, Mapping):
+            raise ConfigError(f"config.json must hold a JSON object, not a {type(cfg).__name__}")
+        return _read_dream(cfg) if detect_family(cfg) == "dream" else _read_llada(cfg)
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """A LLaDA-style config.json for checkpoints this project writes itself."""
-        return {
-            "architectures": ["LLaDAModelLM"],
-            "model_type": "llada",
-            "d_model": self.d_model,
-            "n_heads": self.n_heads,
-            "n_kv_heads": self.n_kv_heads,
-            "n_layers": self.n_layers,
-            "mlp_hidden_size": self.mlp_hidden_size,
-            "vocab_size": self.vocab_size,
-            "embedding_size": self.embedding_size,
-            "rope": True,
-            "rope_theta": self.rope_theta,
-            "rope_full_precision": True,
-            "layer_norm_type": "rms",
-            "rms_norm_eps": self.rms_norm_eps,
-            "activation_type": "silu",
-            "block_type": "llama",
-            "max_sequence_length": self.max_sequence_length,
-            "mask_token_id": self.mask_token_id,
-            "eos_token_id": self.eos_token_id,
-            "pad_token_id": self.pad_token_id,
-            **{k: False for k in _MUST_BE_FALSE if k not in ("clip_qkv",)},
-        }
+        """A config.json in the family's own layout, for checkpoints this project writes itself."""
+        return _write_dream(self) if self.family == "dream" else _write_llada(self)
 
     @classmethod
     def from_json_file(cls, path: str | Path) -> "ModelConfig":
@@ -157,6 +100,229 @@ class ModelConfig:
             cfg = json.loads(path.read_text())
         except FileNotFoundError:
             raise ConfigError(f"no config.json at {path}") from None
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path} is not valid JSON: {e}") from None
         return cls.from_hf_dict(cfg)
+
+
+def detect_family(cfg: Mapping[str, Any]) -> str:
+    """"llada" or "dream", from config.json's model_type / architectures (key style as a last resort)."""
+    model_type = cfg.get("model_type")
+    archs = cfg.get("architectures") or []
+    by_type = {"llada": "llada", "dream": "dream"}.get(str(model_type).lower()) if model_type is not None else None
+    if model_type is not None and by_type is None:
+        raise ConfigError(f"config.json has model_type={model_type!r}; only LLaDA ('llada') and Dream ('Dream') "
+                          "checkpoints are supported")
+    arch_text = " ".join(map(str, archs)) if isinstance(archs, list) else str(archs)
+    by_arch = "dream" if "Dream" in arch_text else "llada" if "LLaDA" in arch_text else None
+    if by_type and by_arch and by_type != by_arch:
+        raise ConfigError(f"config.json contradicts itself: model_type={model_type!r} but architectures={archs!r}")
+    if by_type or by_arch:
+        return by_type or by_arch
+    if "d_model" in cfg:  # LLaDA configs written before model_type was required
+        return "llada"
+    raise ConfigError("config.json names no model family: expected model_type 'llada' (LLaDA) or 'Dream' (Dream)")
+
+
+# ---------------------------------------------------------------- typed field readers
+# JSON gives ints, floats, bools and null; a wrong type or range is named, never coerced
+# (int(64.7) would silently build a different model).
+
+
+def _int(cfg: Mapping, key: str, default: Any = None, minimum: int = 1) -> int:
+    value = cfg.get(key, default)
+    if value is None:
+        raise ConfigError(f"config.json is missing {key}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"config.json {key}={value!r} must be an integer")
+    if value < minimum:
+        raise ConfigError(f"config.json {key}={value} must be >= {minimum}")
+    return value
+
+
+def _positive_float(cfg: Mapping, key: str, default: float) -> float:
+    value = cfg.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"config.json {key}={value!r} must be a positive number")
+    return float(value)
+
+
+def _flag(cfg: Mapping, key: str, default: bool) -> bool:
+    value = cfg.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(f"config.json {key}={value!r} must be true or false")
+    return value
+
+
+def _refuse(bad: list[str]) -> None:
+    if bad:
+        raise ConfigError("config.json asks for features this model does not implement: " + ", ".join(bad))
+
+
+# ---------------------------------------------------------------- LLaDA (OLMo-style keys)
+
+# Flags that must be false/absent: each changes the network in a way model.py does not implement.
+_LLADA_MUST_BE_FALSE = (
+    "alibi",
+    "include_bias",
+    "include_qkv_bias",
+    "weight_tying",
+    "attention_layer_norm",
+    "scale_logits",
+    "input_emb_norm",
+    "multi_query_attention",
+    "clip_qkv",
+)
+# Flags that must hold one specific value.
+_LLADA_MUST_EQUAL = {
+    "block_type": "llama",
+    "layer_norm_type": "rms",
+    "activation_type": "silu",
+    "rope": True,
+}
+
+
+def _read_llada(cfg: Mapping[str, Any]) -> ModelConfig:
+    bad = [k for k in _LLADA_MUST_BE_FALSE if cfg.get(k)]
+    bad += [f"{k}={cfg[k]!r} (only {v!r} is implemented)"
+            for k, v in _LLADA_MUST_EQUAL.items() if k in cfg and cfg[k] != v]
+    if cfg.get("rope") is False:
+        bad.append("rope=False (only RoPE is implemented)")
+    _refuse(sorted(set(bad)))
+    missing = [k for k in ("d_model", "n_heads", "n_layers") if k not in cfg]
+    if missing:
+        raise ConfigError(f"config.json is not a LLaDA config: missing {', '.join(missing)}")
+    d_model, n_heads = int(cfg["d_model"]), int(cfg["n_heads"])
+    if cfg.get("mlp_hidden_size"):
+        mlp = int(cfg["mlp_hidden_size"])
+    elif cfg.get("mlp_ratio"):
+        mlp = int(cfg["mlp_ratio"] * d_model)
+    else:
+        raise ConfigError("config.json has neither mlp_hidden_size nor mlp_ratio")
+    vocab = int(cfg["vocab_size"])
+    eos = cfg.get("eos_token_id")
+    pad = cfg.get("pad_token_id", eos)
+    if "mask_token_id" not in cfg or eos is None:
+        raise ConfigError("config.json must give mask_token_id and eos_token_id")
+    return ModelConfig(
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=int(cfg.get("n_kv_heads") or n_heads),
+        n_layers=int(cfg["n_layers"]),
+        mlp_hidden_size=mlp,
+        vocab_size=vocab,
+        embedding_size=int(cfg.get("embedding_size") or vocab),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        max_sequence_length=int(cfg.get("max_sequence_length", 4096)),
+        mask_token_id=int(cfg["mask_token_id"]),
+        eos_token_id=int(eos),
+        pad_token_id=int(pad if pad is not None else eos),
+        family="llada",
+    )
+
+
+def _write_llada(c: ModelConfig) -> dict[str, Any]:
+    return {
+        "architectures": ["LLaDAModelLM"],
+        "model_type": "llada",
+        "d_model": c.d_model,
+        "n_heads": c.n_heads,
+        "n_kv_heads": c.n_kv_heads,
+        "n_layers": c.n_layers,
+        "mlp_hidden_size": c.mlp_hidden_size,
+        "vocab_size": c.vocab_size,
+        "embedding_size": c.embedding_size,
+        "rope": True,
+        "rope_theta": c.rope_theta,
+        "rope_full_precision": True,
+        "layer_norm_type": "rms",
+        "rms_norm_eps": c.rms_norm_eps,
+        "activation_type": "silu",
+        "block_type": "llama",
+        "max_sequence_length": c.max_sequence_length,
+        "mask_token_id": c.mask_token_id,
+        "eos_token_id": c.eos_token_id,
+        "pad_token_id": c.pad_token_id,
+        **{k: False for k in _LLADA_MUST_BE_FALSE if k not in ("clip_qkv",)},
+    }
+
+
+# ---------------------------------------------------------------- Dream (Qwen2-style keys)
+# Defaults are those of Dream's configuration_dream.py (used only when config.json omits a key).
+
+
+def _read_dream(cfg: Mapping[str, Any]) -> ModelConfig:
+    bad = []
+    if cfg.get("use_sliding_window"):
+        bad.append("use_sliding_window=true (sliding-window attention is not implemented)")
+    if cfg.get("rope_scaling") is not None:
+        bad.append(f"rope_scaling={cfg['rope_scaling']!r} (only plain RoPE is implemented)")
+    rope_parameters = cfg.get("rope_parameters")  # transformers >= 5 spelling of the same thing
+    if isinstance(rope_parameters, Mapping) and rope_parameters.get("rope_type", "default") != "default":
+        bad.append(f"rope_parameters={dict(rope_parameters)!r} (only plain RoPE is implemented)")
+    if cfg.get("tie_word_embeddings"):
+        bad.append("tie_word_embeddings=true (a tied LM head is not implemented)")
+    if cfg.get("use_mrope"):
+        bad.append("use_mrope=true (multimodal RoPE is not implemented)")
+    if cfg.get("hidden_act", "silu") != "silu":
+        bad.append(f"hidden_act={cfg['hidden_act']!r} (only 'silu' is implemented)")
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
+        bad.append(f"layer_types={sorted(set(layer_types))!r} (only full attention is implemented)")
+    _refuse(bad)
+
+    d_model = _int(cfg, "hidden_size")
+    n_heads = _int(cfg, "num_attention_heads")
+    head_dim = cfg.get("head_dim")
+    if head_dim is not None and head_dim != d_model // n_heads:
+        _refuse([f"head_dim={head_dim!r} (only hidden_size / num_attention_heads = {d_model // n_heads})"])
+    vocab = _int(cfg, "vocab_size")
+    eos = _int(cfg, "eos_token_id", minimum=0)
+    return ModelConfig(
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=_int(cfg, "num_key_value_heads", default=n_heads),
+        n_layers=_int(cfg, "num_hidden_layers"),
+        mlp_hidden_size=_int(cfg, "intermediate_size"),
+        vocab_size=vocab,
+        embedding_size=vocab,  # Dream's vocab_size already counts every embedding row
+        rope_theta=_positive_float(cfg, "rope_theta", 10000.0),
+        rms_norm_eps=_positive_float(cfg, "rms_norm_eps", 1e-6),
+        max_sequence_length=_int(cfg, "max_position_embeddings", default=32768),
+        mask_token_id=_int(cfg, "mask_token_id", minimum=0),
+        eos_token_id=eos,
+        pad_token_id=_int(cfg, "pad_token_id", default=eos, minimum=0),
+        family="dream",
+        # Dream's modeling code always builds q/k/v with biases; a config may say otherwise explicitly.
+        qkv_bias=_flag(cfg, "attention_bias", True),
+    )
+
+
+def _write_dream(c: ModelConfig) -> dict[str, Any]:
+    return {
+        "architectures": ["DreamModel"],
+        "model_type": "Dream",
+        "hidden_size": c.d_model,
+        "num_attention_heads": c.n_heads,
+        "num_key_value_heads": c.n_kv_heads,
+        "num_hidden_layers": c.n_layers,
+        "intermediate_size": c.mlp_hidden_size,
+        "vocab_size": c.embedding_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": c.max_sequence_length,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "attention_bias": c.qkv_bias,
+        "mask_token_id": c.mask_token_id,
+        "eos_token_id": c.eos_token_id,
+        "pad_token_id": c.pad_token_id,
+    }

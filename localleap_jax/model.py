@@ -1,7 +1,10 @@
-"""The LLaDA transformer in Flax Linen.
+"""The diffusion LM transformer (LLaDA and Dream) in Flax Linen.
 
 A Llama block with bidirectional attention: RMSNorm -> attention with RoPE -> residual,
-RMSNorm -> SwiGLU -> residual; final RMSNorm and an untied LM head.
+RMSNorm -> SwiGLU -> residual; final RMSNorm and an untied LM head. The two families differ only
+in configuration: Dream (a Qwen2.5 block) adds biases to the q/k/v projections and uses its own
+norm eps and RoPE theta; and Dream's logits lag by one position (`ModelConfig.logits_shift`),
+which `forward` applies and `trunk`/`head` leave to the caller.
 
 Why Linen: parameters are a plain pytree, so Orbax saves and restores them as-is, `pmap`
 replicates them and `lax.while_loop` closes over them without any split/merge step, and
@@ -11,11 +14,13 @@ Precision: weights and matmuls in the parameter dtype (bf16 by default); RMSNorm
 the attention softmax in fp32; logits returned in fp32.
 
 Boundary functions (all pure):
-  forward(params, tokens, mask, config)            -> logits [B, L, V]
+  forward(params, tokens, mask, config)            -> logits [B, L, V], logit i scoring token i
+                                                       (shifted for Dream)
   trunk(params, tokens, positions, key_mask, ...)  -> hidden [B, L, D] (+ per-layer K/V)
   trunk_cached(...)                                 -> hidden for a window of queries that
                                                        read the other positions' K/V from a cache
   head(params, hidden)                              -> logits for only the positions given
+                                                       (per hidden position: never shifted)
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from localleap_jax.config import ModelConfig
 
-Params = dict  # the Linen parameter tree: {"wte", "blocks", "ln_f", "ff_out"}
+Params = dict  # the Linen parameter tree: {"wte", "blocks", "ln_f", "ff_out"} (q/k/v "bias" with qkv_bias)
 
 
 class KVCache(NamedTuple):
@@ -120,7 +125,8 @@ class RMSNorm(nn.Module):
 
 
 class Block(nn.Module):
-    """One LLaDA (Llama-style) block. Returns (x, (k, v)) so the layer scan can stack K/V."""
+    """One Llama-style block (LLaDA, or Dream with q/k/v biases). Returns (x, (k, v)) so the layer
+    scan can stack K/V."""
 
     config: ModelConfig
     param_dtype: jnp.dtype = jnp.float32
@@ -130,11 +136,12 @@ class Block(nn.Module):
         c = self.config
         dense = functools.partial(nn.Dense, use_bias=False, kernel_init=_init,
                                   param_dtype=self.param_dtype, dtype=x.dtype)
+        qkv = functools.partial(dense, use_bias=c.qkv_bias)
         B, T, _ = x.shape
         h = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype, name="attn_norm")(x)
-        q = dense(c.n_heads * c.head_dim, name="q_proj")(h).reshape(B, T, c.n_heads, c.head_dim)
-        k = dense(c.n_kv_heads * c.head_dim, name="k_proj")(h).reshape(B, T, c.n_kv_heads, c.head_dim)
-        v = dense(c.n_kv_heads * c.head_dim, name="v_proj")(h).reshape(B, T, c.n_kv_heads, c.head_dim)
+        q = qkv(c.n_heads * c.head_dim, name="q_proj")(h).reshape(B, T, c.n_heads, c.head_dim)
+        k = qkv(c.n_kv_heads * c.head_dim, name="k_proj")(h).reshape(B, T, c.n_kv_heads, c.head_dim)
+        v = qkv(c.n_kv_heads * c.head_dim, name="v_proj")(h).reshape(B, T, c.n_kv_heads, c.head_dim)
         q, k = rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta)
         if layer_cache:  # queries are a window of the canvas; the other keys come from the cache
             k_all, v_all = (_write_window(cached, new, write) for cached, new in zip(layer_cache, (k, v)))
@@ -169,7 +176,9 @@ class LMHead(nn.Module):
         return jnp.einsum("...d,dv->...v", h, kernel.astype(h.dtype), preferred_element_type=jnp.float32)
 
 
-class LLaDA(nn.Module):
+class DiffusionLM(nn.Module):
+    """Embedding, the scanned blocks, final norm and LM head; the same module for every family."""
+
     config: ModelConfig
     param_dtype: jnp.dtype = jnp.float32
 
@@ -201,22 +210,22 @@ class LLaDA(nn.Module):
 # ---------------------------------------------------------------- pure boundary functions
 
 
-def _module(params: Params, config: ModelConfig) -> LLaDA:
-    return LLaDA(config, param_dtype=params["wte"]["embedding"].dtype)
+def _module(params: Params, config: ModelConfig) -> DiffusionLM:
+    return DiffusionLM(config, param_dtype=params["wte"]["embedding"].dtype)
 
 
 def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32) -> Params:
-    """Random LLaDA parameters (N(0, 0.02) matrices, unit norms), for training and tests."""
+    """Random parameters (N(0, 0.02) matrices, zero biases, unit norms), for training and tests."""
     tokens = jnp.zeros((1, 2), jnp.int32)
     mask = jnp.ones((1, 2), bool)
-    variables = jax.jit(LLaDA(config, param_dtype=jnp.dtype(dtype)).init)(rng, tokens, positions_from_mask(mask), mask)
+    variables = jax.jit(DiffusionLM(config, param_dtype=jnp.dtype(dtype)).init)(rng, tokens, positions_from_mask(mask), mask)
     return variables["params"]
 
 
 def trunk(params: Params, tokens: Int[Array, "B L"], positions: Int[Array, "B L"], key_mask: Bool[Array, "B L"],
           config: ModelConfig) -> tuple[Float[Array, "B L D"], KVCache]:
     """Hidden states before the final norm, and every layer's K/V (for a KV cache)."""
-    h, (k, v) = _module(params, config).apply({"params": params}, tokens, positions, key_mask, method=LLaDA.trunk)
+    h, (k, v) = _module(params, config).apply({"params": params}, tokens, positions, key_mask, method=DiffusionLM.trunk)
     return h, KVCache(k, v)
 
 
@@ -226,20 +235,35 @@ def trunk_cached(params: Params, tokens: Int[Array, "B Q"], positions: Int[Array
     """Hidden states for a window of Q canvas positions whose queries attend over all L keys:
     this step's K/V where `write.fresh`, the cache's everywhere else."""
     h, _ = _module(params, config).apply({"params": params}, tokens, positions, key_mask, write,
-                                         (cache.k, cache.v), method=LLaDA.trunk)
+                                         (cache.k, cache.v), method=DiffusionLM.trunk)
     return h
 
 
 def head(params: Params, hidden: Float[Array, "... D"], config: ModelConfig) -> Float[Array, "... V"]:
     """Final RMSNorm + LM head, in fp32 logits, for only the positions passed in."""
-    return _module(params, config).apply({"params": params}, hidden, method=LLaDA.head)
+    return _module(params, config).apply({"params": params}, hidden, method=DiffusionLM.head)
 
 
 def forward(params: Params, tokens: Int[Array, "B L"], mask: Bool[Array, "B L"] | None,
             config: ModelConfig) -> Float[Array, "B L V"]:
-    """Bidirectional logits for every position; `mask` marks real (non-padding) tokens."""
+    """Bidirectional logits for every position, logit i scoring the token at i (for Dream: the
+    head's output at i-1, see `shift_logits`); `mask` marks real (non-padding) tokens."""
     if mask is None:
         mask = jnp.ones(tokens.shape, bool)
     mask = mask.astype(bool)
     h, _ = trunk(params, tokens, positions_from_mask(mask), mask, config)
-    return head(params, h, config)
+    logits = head(params, h, config)
+    return shift_logits(logits, mask) if config.logits_shift else logits
+
+
+def shift_logits(logits: Float[Array, "B L V"], mask: Bool[Array, "B L"]) -> Float[Array, "B L V"]:
+    """Dream's one-position lag: position i takes the head's output at i-1.
+
+    Dream's own code shifts whole rows (`cat([l[:, :1], l[:, :-1]], 1)`): the first position
+    keeps its own logits. Here a position whose predecessor is padding also keeps its own, so a
+    left-padded row gets exactly the logits of the same row unpadded. The two rules differ only
+    at a row's first real token (and at padding), which no decoding step reads.
+    """
+    previous = jnp.concatenate([logits[:, :1], logits[:, :-1]], axis=1)
+    previous_is_real = jnp.concatenate([jnp.zeros_like(mask[:, :1]), mask[:, :-1]], axis=1)
+    return jnp.where(previous_is_real[..., None], previous, logits)

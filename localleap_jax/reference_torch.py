@@ -220,3 +220,45 @@ def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *
                 x[r, hi:] = eos_id
                 done[r] = True
     return x, nfe
+
+
+# ---------------------------------------------------------------- Dream as transformers' Qwen2
+# Dream's tensors already carry Qwen2's names (model.embed_tokens, model.layers.{i}.self_attn.q_proj
+# with biases, mlp.gate_proj, ..., model.norm, lm_head), so they load into Qwen2ForCausalLM as they
+# are. `bidirectional_logits` then gives the unshifted logits; Dream's one-position shift
+# (`cat([l[:, :1], l[:, :-1]], 1)`) is the caller's to apply, as Dream's own generation code does.
+
+
+def qwen2_from_dream(hf_config: Mapping, dream: Mapping[str, torch.Tensor], dtype=torch.float32,
+                     device: str = "cpu"):
+    """transformers' Qwen2ForCausalLM holding Dream's weights (run it with `bidirectional_logits`)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    n_heads = hf_config["num_attention_heads"]
+    cfg = Qwen2Config(
+        vocab_size=hf_config["vocab_size"],
+        hidden_size=hf_config["hidden_size"],
+        intermediate_size=hf_config["intermediate_size"],
+        num_hidden_layers=hf_config["num_hidden_layers"],
+        num_attention_heads=n_heads,
+        num_key_value_heads=hf_config.get("num_key_value_heads") or n_heads,
+        rms_norm_eps=hf_config.get("rms_norm_eps", 1e-6),
+        rope_theta=hf_config.get("rope_theta", 10000.0),
+        max_position_embeddings=hf_config.get("max_position_embeddings", 32768),
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+        hidden_act="silu",
+    )
+    # transformers >= 5 reads rope_theta from rope_parameters; older versions from rope_theta.
+    if getattr(cfg, "rope_parameters", None) is not None:
+        cfg.rope_parameters = {"rope_type": "default", "rope_theta": float(hf_config.get("rope_theta", 10000.0))}
+    cfg._attn_implementation = "sdpa"  # boolean 4D masks are honoured by SDPA
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = Qwen2ForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in dream.items()}, strict=True)
+    return model.eval()

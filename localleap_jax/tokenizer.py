@@ -2,12 +2,13 @@
 
 Wraps the Hugging Face fast tokenizer stored beside the weights (tokenizer.json +
 tokenizer_config.json, which holds the chat template). No remote code is ever run.
-`make_tokenizer` builds a small byte-level BPE tokenizer with LLaDA's special tokens and chat
-format, for the embedded model and for tests.
+`make_tokenizer` builds a small byte-level BPE tokenizer with LLaDA's (or Dream's ChatML) special
+tokens and chat format, for the embedded model and for tests.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -18,6 +19,10 @@ EOS_TOKEN = "<|endoftext|>"
 BOS_TOKEN = "<|startoftext|>"
 EOT_TOKEN = "<|eot_id|>"
 HEADER_TOKENS = ("<|start_header_id|>", "<|end_header_id|>")
+# ChatML (Dream, Qwen2): a turn is <|im_start|>role\n...<|im_end|>; EOS = pad = <|endoftext|>.
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+# The token that ends an assistant turn, by family: whichever of these the vocabulary holds.
+END_OF_TURN_TOKENS = (EOT_TOKEN, IM_END)
 
 # LLaDA-8B-Instruct's chat template (Llama-3 style headers, BOS first, EOT after each turn).
 LLADA_CHAT_TEMPLATE = (
@@ -27,6 +32,17 @@ LLADA_CHAT_TEMPLATE = (
     "{{ content }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+
+# A ChatML template of the Qwen2 form, for the small Dream-style test tokenizer only: a real Dream
+# checkpoint brings its own template in tokenizer_config.json.
+CHATML_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -45,8 +61,9 @@ class Tokenizer:
         self.mask_id = int(mask_id)
         self.eos_id = int(eos_id)
         self.pad_id = int(eos_id if pad_id is None else pad_id)
-        eot = hf_tokenizer.convert_tokens_to_ids(EOT_TOKEN) if EOT_TOKEN in hf_tokenizer.get_vocab() else None
-        self.eot_id = None if eot is None else int(eot)
+        vocab = hf_tokenizer.get_vocab()
+        eot = next((vocab[t] for t in END_OF_TURN_TOKENS if t in vocab), None)
+        self.eot_id = None if eot is None else int(eot)  # end of turn: LLaDA <|eot_id|>, Dream <|im_end|>
         if self.pad_id == self.mask_id:
             raise TokenizerError(f"pad id {self.pad_id} equals the mask id: padding would be read as "
                                  "positions to generate")
@@ -60,6 +77,12 @@ class Tokenizer:
             raise TokenizerError(f"{path} has no tokenizer.json (a fast tokenizer is required)")
         hf = PreTrainedTokenizerFast.from_pretrained(str(path))
         return cls(hf, mask_id=mask_id, eos_id=eos_id, pad_id=pad_id)
+
+    @property
+    def vocab_size(self) -> int:
+        """How many ids this tokenizer can decode (0 .. vocab_size-1). The model's embedding may have
+        more rows (Dream: 152064 rows, 151667 ids): ids past this must never be generated."""
+        return len(self.hf)
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -120,15 +143,19 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int, pad_to_multiple_of: int
     return ids, mask
 
 
-def make_tokenizer(texts: Iterable[str], vocab_size: int = 512):
-    """Train a byte-level BPE tokenizer with LLaDA's special tokens and chat template.
+def make_tokenizer(texts: Iterable[str], vocab_size: int = 512, family: str = "llada"):
+    """Train a byte-level BPE tokenizer with a family's special tokens and chat template.
 
-    Digits are split one per token so arithmetic is learnable by a small model.
-    Returns a transformers PreTrainedTokenizerFast (save it with `save_pretrained`).
+    llada: specials first (ids 0..5), LLaDA's chat template. dream: the BPE ids first and the
+    ChatML specials after them (<|endoftext|>, <|im_start|>, <|im_end|>, <|mask|>), as in Qwen2's
+    vocabulary, with a ChatML template. Digits are split one per token so arithmetic is learnable
+    by a small model. Returns a transformers PreTrainedTokenizerFast (save it with `save_pretrained`).
     """
     from tokenizers import Tokenizer as RawTokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    if family == "dream":
+        return _make_chatml_tokenizer(texts, vocab_size)
     specials = [EOS_TOKEN, BOS_TOKEN, MASK_TOKEN, EOT_TOKEN, *HEADER_TOKENS]
     raw = RawTokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.Sequence([
@@ -144,3 +171,45 @@ def make_tokenizer(texts: Iterable[str], vocab_size: int = 512):
                                   additional_special_tokens=[EOT_TOKEN, *HEADER_TOKENS])
     tok.chat_template = LLADA_CHAT_TEMPLATE
     return tok
+
+
+DREAM_MASK_TOKEN = "<|mask|>"
+
+
+def _make_chatml_tokenizer(texts: Iterable[str], vocab_size: int):
+    from tokenizers import Tokenizer as RawTokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = [EOS_TOKEN, IM_START, IM_END, DREAM_MASK_TOKEN]
+    raw = RawTokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    raw.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(specials), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    raw.train_from_iterator(texts, trainer=trainer)
+    raw.add_special_tokens(specials)  # ids right after the BPE ones, in Qwen2's order
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN,
+                                  mask_token=DREAM_MASK_TOKEN, additional_special_tokens=[IM_START, IM_END])
+    tok.chat_template = CHATML_CHAT_TEMPLATE
+    return tok
+
+
+def save_qwen2_fast_tokenizer(src: str | Path, dst: str | Path) -> None:
+    """Build a fast tokenizer (tokenizer.json) from Qwen2-style "slow" files and save it in `dst`.
+
+    Dream's checkpoints ship vocab.json + merges.txt + tokenizer_config.json (added tokens, chat
+    template) and a remote-code tokenizer class that is Qwen2's. transformers' own Qwen2 tokenizer
+    reads the same files, so no remote code runs.
+    """
+    from transformers import Qwen2TokenizerFast
+
+    tok = Qwen2TokenizerFast.from_pretrained(str(src))
+    tok.save_pretrained(str(dst))
+    # The source's auto_map points at remote code that the converted checkpoint does not carry.
+    config_path = Path(dst) / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("auto_map", None)
+    config_path.write_text(json.dumps(config, indent=2))

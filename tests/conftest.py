@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random LLaDA-layout Hugging Face checkpoints built by the tests themselves."""
+"""Shared fixtures: tiny random LLaDA- and Dream-layout Hugging Face checkpoints built by the tests themselves."""
 
 from __future__ import annotations
 
@@ -86,7 +86,8 @@ def write_hf_checkpoint(path: Path, cfg: dict, tensors: dict, tokenizer, *, n_sh
     if index:
         (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     (path / "config.json").write_text(json.dumps(cfg))
-    tokenizer.save_pretrained(str(path))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(path))
     return path
 
 
@@ -134,3 +135,99 @@ def sharp_checkpoint(tmp_path_factory, tiny_tokenizer):
 @pytest.fixture(scope="session")
 def converted_sharp(sharp_checkpoint):
     return sharp_checkpoint[0]
+
+
+# ---------------------------------------------------------------- Dream (Qwen2 layout)
+
+
+def tiny_dream_config(rows: int, mask_id: int, eos_id: int, **overrides) -> dict:
+    """A Dream config.json of Dream-v0-Instruct-7B's form at a tiny size: 14 query heads over 2 KV
+    heads (7:1, like 28:4), head_dim 8, and more embedding rows than tokenizer ids (like 152064 vs 151667)."""
+    cfg = {
+        "architectures": ["DreamModel"], "attention_dropout": 0.0,
+        "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+        "bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id, "mask_token_id": mask_id,
+        "hidden_act": "silu", "hidden_size": 112, "intermediate_size": 160, "initializer_range": 0.02,
+        "max_position_embeddings": 512, "max_window_layers": 3, "model_type": "Dream", "num_attention_heads": 14,
+        "num_hidden_layers": 3, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_scaling": None,
+        "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "use_cache": False, "use_mrope": False, "use_sliding_window": False, "vocab_size": rows,
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def random_dream_tensors(cfg: dict, seed: int = 0, head_scale: float = 1.0) -> dict:
+    """Dream-named torch tensors (fp32), q/k/v biases far from zero so a dropped bias shows in the logits."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    d, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    kv = cfg["num_key_value_heads"] * (d // cfg["num_attention_heads"])
+    rnd = lambda *s, std=0.05: torch.randn(*s, generator=g) * std  # noqa: E731
+    t = {
+        "model.embed_tokens.weight": rnd(v, d, std=1.0),
+        "model.norm.weight": 1 + rnd(d, std=0.1),
+        "lm_head.weight": rnd(v, d, std=0.05 * head_scale),
+    }
+    for i in range(cfg["num_hidden_layers"]):
+        b = f"model.layers.{i}."
+        t |= {b + "input_layernorm.weight": 1 + rnd(d, std=0.1), b + "post_attention_layernorm.weight": 1 + rnd(d, std=0.1),
+              b + "self_attn.q_proj.weight": rnd(d, d, std=0.2), b + "self_attn.q_proj.bias": rnd(d, std=0.5),
+              b + "self_attn.k_proj.weight": rnd(kv, d, std=0.2), b + "self_attn.k_proj.bias": rnd(kv, std=0.5),
+              b + "self_attn.v_proj.weight": rnd(kv, d, std=0.2), b + "self_attn.v_proj.bias": rnd(kv, std=0.5),
+              b + "self_attn.o_proj.weight": rnd(d, d, std=0.1), b + "mlp.gate_proj.weight": rnd(f, d, std=0.1),
+              b + "mlp.up_proj.weight": rnd(f, d, std=0.1), b + "mlp.down_proj.weight": rnd(d, f, std=0.1)}
+    return t
+
+
+def save_like_dream(tokenizer, path: Path) -> None:
+    """Lay a tokenizer out as Dream-v0 does: only the "slow" Qwen2 files (vocab.json, merges.txt,
+    tokenizer_config.json with the added tokens and chat template) and a remote-code tokenizer class,
+    no tokenizer.json. The remote code here raises, so a test fails if anything ever runs it."""
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.backend_tokenizer.model.save(str(path))  # vocab.json + merges.txt: the BPE ids only
+    added = {str(i): {"content": t.content, "lstrip": False, "normalized": False, "rstrip": False,
+                      "single_word": False, "special": True} for i, t in sorted(tokenizer.added_tokens_decoder.items())}
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": added,
+        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+        "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
+        "bos_token": None, "chat_template": tokenizer.chat_template, "clean_up_tokenization_spaces": False,
+        "eos_token": "<|endoftext|>", "errors": "replace", "model_max_length": 131072, "pad_token": "<|endoftext|>",
+        "split_special_tokens": False, "tokenizer_class": "DreamTokenizer", "unk_token": None}, indent=2))
+    (path / "tokenization_dream.py").write_text('raise RuntimeError("remote code must never run")\n')
+
+
+def write_dream_checkpoint(path: Path, cfg: dict, tensors: dict, tokenizer, **kw) -> Path:
+    """Sharded safetensors + index + config.json + Dream's slow tokenizer files, as the hub lays Dream out."""
+    write_hf_checkpoint(path, cfg, tensors, tokenizer=None, **kw)
+    save_like_dream(tokenizer, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def dream_tokenizer():
+    from localleap_jax.tokenizer import make_tokenizer
+
+    return make_tokenizer(TOKENIZER_CORPUS, vocab_size=300, family="dream")
+
+
+@pytest.fixture(scope="session")
+def dream_hf_checkpoint(tmp_path_factory, dream_tokenizer):
+    """(directory, hf_config, tensors): a 3-layer fp32 Dream-layout checkpoint in 2 shards, 320 embedding rows."""
+    tok = dream_tokenizer
+    cfg = tiny_dream_config(320, tok.mask_token_id, tok.eos_token_id)
+    tensors = random_dream_tensors(cfg, seed=0)
+    path = write_dream_checkpoint(tmp_path_factory.mktemp("hf") / "tiny-dream", cfg, tensors, tok)
+    return path, cfg, tensors
+
+
+@pytest.fixture(scope="session")
+def dream_converted(tmp_path_factory, dream_hf_checkpoint):
+    """The fp32 tiny Dream checkpoint converted by convert.dream."""
+    from convert.dream import convert
+
+    out = tmp_path_factory.mktemp("conv") / "tiny-dream"
+    convert(str(dream_hf_checkpoint[0]), str(out), progress=False)
+    return out

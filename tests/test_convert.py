@@ -134,3 +134,60 @@ def test_load_names_what_is_wrong_with_a_checkpoint_dir(tmp_path, converted, bre
 def test_load_refuses_an_unconverted_hf_directory(hf_checkpoint):
     with pytest.raises(ll.CheckpointError, match="convert it first"):
         ll.load(hf_checkpoint[0])
+
+
+# ---------------------------------------------------------------- model families
+
+
+def _cli(module, *args, env=None):
+    return subprocess.run([sys.executable, "-m", module, *map(str, args), "--quiet"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+@pytest.mark.parametrize("module, source, found", [
+    ("convert.dream", "hf_checkpoint", "is a LLaDA checkpoint"),
+    ("convert.llada", "dream_hf_checkpoint", "is a Dream checkpoint"),
+])
+def test_a_converter_refuses_the_other_family_in_one_line(request, tmp_path, module, source, found):
+    src = request.getfixturevalue(source)[0]
+    r = _cli(module, src, tmp_path / "out")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and found in lines[0], r.stderr
+    assert "python -m convert" in lines[0]  # says what to run instead
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.partial-*"))
+
+
+def test_plain_convert_detects_the_family(tmp_path, dream_hf_checkpoint, hf_checkpoint):
+    for name, (src, cfg, _) in (("dream", dream_hf_checkpoint), ("llada", hf_checkpoint)):
+        r = _cli("convert", src, tmp_path / name)
+        assert r.returncode == 0, r.stderr
+        model = ll.load(tmp_path / name, dtype="float32")
+        assert model.config.family == name
+        assert json.loads((tmp_path / name / "manifest.json").read_text())["family"] == name
+
+
+def test_dream_set_and_shape_checks(tmp_path, dream_hf_checkpoint, dream_tokenizer):
+    from conftest import write_dream_checkpoint
+    from convert.dream import convert as convert_dream
+
+    src, cfg, tensors = dream_hf_checkpoint
+    broken = {k: v for k, v in tensors.items() if k != "model.layers.1.self_attn.k_proj.bias"}
+    broken["model.layers.0.self_attn.o_proj.bias"] = torch.zeros(112)  # Dream has no o_proj bias
+    src = write_dream_checkpoint(tmp_path / "src", cfg, broken, dream_tokenizer)
+    with pytest.raises(ConversionError, match=r"missing: model.layers.1.self_attn.k_proj.bias; "
+                                              r"unexpected: model.layers.0.self_attn.o_proj.bias"):
+        convert_dream(str(src), str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_dream_source_without_any_tokenizer_is_refused(tmp_path, dream_hf_checkpoint, dream_tokenizer):
+    from convert.dream import convert as convert_dream
+
+    src, cfg, tensors = dream_hf_checkpoint
+    d = tmp_path / "src"
+    shutil.copytree(src, d)
+    (d / "merges.txt").unlink()
+    with pytest.raises(ConversionError, match=r"has no tokenizer.json \(or Dream's vocab.json \+ merges.txt\)"):
+        convert_dream(str(d), str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,294 @@
+"""Convert a Hugging Face checkpoint (safetensors) of either family into a localleap-jax checkpoint.
+
+    convert(src, out, dtype="source", family=None)   # family None: whatever config.json says
+
+SRC is a local directory or a hub id (only safetensors, json and tokenizer files are downloaded).
+Remote code is never run and pickle checkpoints (.bin/.pt/.pth) are refused.
+
+Memory: safetensors headers are read first and the whole tensor set is checked against
+config.json (missing, duplicate, unexpected names and wrong shapes are reported together)
+before any data is read. Then shards are streamed one tensor at a time straight into the
+preallocated, layer-stacked output arrays, so peak RAM is about the model size plus its
+largest tensor (LLaDA-8B: ~16 GB + 1 GB). Output goes to a temporary directory renamed to
+OUT at the end: an interrupted run leaves nothing that `localleap_jax.load` accepts.
+
+The family modules (`localleap_jax.families`) say which tensors a checkpoint holds and where
+each goes; everything else here is the same for every family.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+from tqdm import tqdm
+
+from localleap_jax.checkpoint import CheckpointError, abstract_params, atomic_directory, write_checkpoint_files
+from localleap_jax.config import ConfigError, ModelConfig
+from localleap_jax.families import tensor_map
+
+_DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32}
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_HUB_PATTERNS = ["*.safetensors", "*.json", "tokenizer*", "*.jinja", "merges.txt"]
+FAMILY_NAMES = {"llada": "LLaDA", "dream": "Dream"}
+CACHE_DIR = Path("~/.cache/localleap_jax/checkpoints").expanduser()
+
+
+class ConversionError(RuntimeError):
+    """Anything about the source that stops a faithful conversion; the message says what."""
+
+
+# ---------------------------------------------------------------- safetensors, read by hand
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    shard: Path
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset in the shard
+    nbytes: int
+
+
+def read_header(shard: Path) -> dict[str, TensorInfo]:
+    try:
+        with open(shard, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+    except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConversionError(f"{shard.name} is not a readable safetensors file: {e}") from None
+    header.pop("__metadata__", None)
+    out = {}
+    for name, h in header.items():
+        begin, end = h["data_offsets"]
+        out[name] = TensorInfo(shard, h["dtype"], tuple(h["shape"]), 8 + n + begin, end - begin)
+    return out
+
+
+def read_tensor(info: TensorInfo) -> np.ndarray:
+    if info.dtype not in _DTYPES:
+        raise ConversionError(f"{info.shard.name}: unsupported tensor dtype {info.dtype}")
+    dtype = np.dtype(_DTYPES[info.dtype])
+    count = info.nbytes // dtype.itemsize
+    arr = np.fromfile(info.shard, dtype=dtype, count=count, offset=info.offset)
+    if arr.size != count:
+        raise ConversionError(f"{info.shard.name} is truncated")
+    return arr.reshape(info.shape)
+
+
+def sha256_of(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- source resolution
+
+
+def resolve_source(src: str, revision: str | None = None) -> tuple[Path, str]:
+    """A local directory holding the checkpoint, and a description of where it came from."""
+    path = Path(src).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ConversionError(f"{src} is a file; SRC must be a directory or a hub id")
+        return path.resolve(), str(path.resolve())
+    if src.count("/") != 1 or src.startswith((".", "/")):
+        raise ConversionError(f"{src} is neither an existing directory nor a hub id like GSAI-ML/LLaDA-8B-Instruct")
+    try:
+        from huggingface_hub import snapshot_download
+        local = snapshot_download(src, revision=revision, allow_patterns=_HUB_PATTERNS)
+    except Exception as e:  # offline, unknown repo, gated repo, ...: say which, in one line
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConversionError(f"could not download {src} from the Hugging Face hub ({type(e).__name__}: {reason}); "
+                              "check the id and your connection, or pass a local directory") from None
+    return Path(local), f"hf://{src}" + (f"@{revision}" if revision else "")
+
+
+def read_source_config(local: Path) -> tuple[dict, ModelConfig]:
+    """config.json as written, and what it means."""
+    try:
+        hf_config = json.loads((local / "config.json").read_text())
+    except FileNotFoundError:
+        raise ConversionError(f"{local} has no config.json") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConversionError(f"{local}/config.json is not valid JSON: {e}") from None
+    try:
+        return hf_config, ModelConfig.from_hf_dict(hf_config)
+    except ConfigError as e:
+        raise ConversionError(str(e)) from None
+
+
+def find_shards(src: Path) -> list[Path]:
+    index = src / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ConversionError(f"{index} is not a safetensors index: {e}") from None
+        shards = sorted({src / f for f in weight_map.values()})
+        missing = [s.name for s in shards if not s.exists()]
+        if missing:
+            raise ConversionError(f"shards listed in {index.name} are missing: {', '.join(missing)}")
+        return shards
+    shards = sorted(src.glob("*.safetensors"))
+    if shards:
+        return shards
+    pickles = sorted(p.name for p in src.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+    if pickles:
+        raise ConversionError(f"{src} holds only pickle checkpoints ({', '.join(pickles)}); they can run arbitrary "
+                              "code when loaded and are refused: use the safetensors release")
+    raise ConversionError(f"no .safetensors files in {src}")
+
+
+def check_tensors(shards: list[Path], config: ModelConfig) -> dict[str, TensorInfo]:
+    """Every tensor's location, after checking the whole set against config.json."""
+    targets = tensor_map(config)
+    found: dict[str, TensorInfo] = {}
+    duplicates, unexpected, bad_shape = [], [], []
+    expected = abstract_params(config)
+    for shard in shards:
+        for name, info in read_header(shard).items():
+            if name in found:
+                duplicates.append(f"{name} (in {found[name].shard.name} and {shard.name})")
+                continue
+            found[name] = info
+            tgt = targets.get(name)
+            if tgt is None:
+                unexpected.append(name)
+                continue
+            leaf = expected
+            for k in tgt.path:
+                leaf = leaf[k]
+            want = leaf.shape[1:] if tgt.layer is not None else leaf.shape
+            want = tuple(reversed(want)) if tgt.transpose else tuple(want)
+            if info.shape != want:
+                bad_shape.append(f"{name} is {list(info.shape)}, config.json implies {list(want)}")
+    missing = [n for n in targets if n not in found]
+    problems = []
+    for label, items in (("missing", missing), ("duplicate", duplicates), ("unexpected", unexpected),
+                         ("wrong shape", bad_shape)):
+        if items:
+            shown = items[:20] + ([f"... {len(items) - 20} more"] if len(items) > 20 else [])
+            problems.append(f"{label}: {', '.join(shown)}")
+    if problems:
+        raise ConversionError("the checkpoint does not match config.json; " + "; ".join(problems))
+    return found
+
+
+def tokenizer_source(local: Path, config: ModelConfig, workdir: Path) -> Path:
+    """The directory whose tokenizer files the checkpoint gets.
+
+    The source's own when it has a fast tokenizer (tokenizer.json). Dream ships only its "slow"
+    Qwen2 BPE files (vocab.json, merges.txt, tokenizer_config.json) plus remote code: for it, the
+    same tokenizer is built with transformers' own Qwen2 class (no remote code) into `workdir`.
+    """
+    if (local / "tokenizer.json").exists():
+        return local
+    if config.family == "dream" and (local / "vocab.json").exists() and (local / "merges.txt").exists():
+        from localleap_jax.tokenizer import save_qwen2_fast_tokenizer
+
+        try:
+            save_qwen2_fast_tokenizer(local, workdir)
+        except Exception as e:  # a broken vocab/merges/tokenizer_config: name the directory, one line
+            raise ConversionError(f"could not build a tokenizer from {local}/vocab.json and merges.txt "
+                                  f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None
+        return workdir
+    wanted = "tokenizer.json (or Dream's vocab.json + merges.txt)" if config.family == "dream" else "tokenizer.json"
+    raise ConversionError(f"{local} has no {wanted}")
+
+
+# ---------------------------------------------------------------- conversion
+
+
+def convert(src: str, out: str, dtype: str = "source", revision: str | None = None, progress: bool = True,
+            family: str | None = None) -> Path:
+    """Convert SRC (HF dir or hub id) into the checkpoint directory OUT. With `family` given, a source
+    of the other family is refused (one line naming what it is)."""
+    local, source = resolve_source(src, revision)
+    hf_config, config = read_source_config(local)
+    if family is not None and config.family != family:
+        raise ConversionError(
+            f"{src} is a {FAMILY_NAMES[config.family]} checkpoint (config.json model_type="
+            f"{hf_config.get('model_type')!r}), not {FAMILY_NAMES[family]}: convert it with "
+            f"python -m convert.{config.family}, or python -m convert (detects the family)")
+    with tempfile.TemporaryDirectory(prefix="localleap-tokenizer-") as work:
+        tokenizer_dir = tokenizer_source(local, config, Path(work))
+        shards = find_shards(local)
+        tensors = check_tensors(shards, config)
+
+        source_dtypes = {t.dtype for t in tensors.values()}
+        if dtype == "source":
+            if len(source_dtypes) != 1:
+                raise ConversionError(f"tensors have mixed dtypes {sorted(source_dtypes)}; pass --dtype")
+            out_dtype = np.dtype(_DTYPES[source_dtypes.pop()])
+        else:
+            out_dtype = np.dtype({"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}[dtype])
+
+        import jax
+        targets = tensor_map(config)
+        params = jax.tree.map(lambda a: np.empty(a.shape, out_dtype), abstract_params(config))
+        shard_sums = []
+        with atomic_directory(out) as tmp:
+            bar = tqdm(total=sum(t.nbytes for t in tensors.values()), unit="B", unit_scale=True, desc="convert",
+                       disable=not progress)
+            for shard in shards:  # one shard at a time, one tensor at a time
+                for name, info in tensors.items():
+                    if info.shard != shard:
+                        continue
+                    tgt = targets[name]
+                    leaf = params
+                    for k in tgt.path:
+                        leaf = leaf[k]
+                    dst = leaf if tgt.layer is None else leaf[tgt.layer]
+                    src_arr = read_tensor(info)
+                    np.copyto(dst, src_arr.T if tgt.transpose else src_arr, casting="unsafe")
+                    del src_arr
+                    bar.update(info.nbytes)
+                shard_sums.append({"file": shard.name, "sha256": sha256_of(shard), "bytes": shard.stat().st_size})
+            bar.close()
+            num_params = int(sum(a.size for a in jax.tree.leaves(params)))
+            params = _to_device_one_leaf_at_a_time(params)
+            manifest = {"source": source, "family": config.family, "converter": "localleap_jax.convert_hf",
+                        "shards": shard_sums, "num_params": num_params}
+            readme = (f"# {source}\n\nA {FAMILY_NAMES[config.family]} checkpoint converted by "
+                      f"`python -m convert.{config.family}` to a localleap-jax checkpoint ({out_dtype.name}). "
+                      "Load with `localleap_jax.load(path)`.\nShard hashes are in manifest.json.\n")
+            write_checkpoint_files(tmp, hf_config=hf_config, params=params, tokenizer_dir=tokenizer_dir,
+                                   manifest=manifest, readme=readme)
+    return Path(out)
+
+
+def cached_conversion(hub_id: str, cache_dir: Path = CACHE_DIR) -> Path:
+    """The converted checkpoint of a hub id, converting it on first use (later calls reuse it)."""
+    out = Path(cache_dir) / hub_id.replace("/", "__")
+    if (out / "manifest.json").exists():
+        return out
+    print(f"converting {hub_id} into {out} (once)", file=sys.stderr)
+    try:
+        return convert(hub_id, str(out))
+    except ConversionError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def _to_device_one_leaf_at_a_time(tree: dict) -> dict:
+    """NumPy leaves -> jax.Arrays in place, each NumPy leaf freed as soon as it is copied (peak: +1 leaf).
+
+    Orbax serialises jax.Arrays without the extra host copies it makes of NumPy inputs.
+    """
+    import jax
+
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            _to_device_one_leaf_at_a_time(value)
+        else:
+            tree[key] = jax.block_until_ready(jax.device_put(value))  # drops the NumPy leaf
+    return tree

@@ -1,0 +1,182 @@
+"""Dream (Qwen2.5 block, q/k/v biases, shifted logits) against transformers' Qwen2 on the same weights.
+
+The reference is `Qwen2ForCausalLM` holding Dream's tensors, called bidirectionally (all-ones 4D
+mask); Dream's one-position shift `cat([l[:, :1], l[:, :-1]], 1)` is applied to its output here,
+as Dream's own generation code does.
+"""
+
+import json
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import localleap_jax as ll
+from localleap_jax import reference_torch
+from localleap_jax.config import ConfigError, ModelConfig
+from localleap_jax.model import forward, head, positions_from_mask, trunk
+
+# Measured on this model (logits up to ~2.2): fp32 max |diff| 7.9e-6; bf16 max relative diff 0.059.
+FP32_TOL = 2e-5
+
+
+def _reference(hf_checkpoint, ids, mask=None, shift=True):
+    _, cfg, tensors = hf_checkpoint
+    ref = reference_torch.qwen2_from_dream(cfg, tensors)
+    logits = reference_torch.bidirectional_logits(ref, torch.tensor(ids), None if mask is None else torch.tensor(mask))
+    logits = logits.numpy()
+    return np.concatenate([logits[:, :1], logits[:, :-1]], axis=1) if shift else logits
+
+
+def _ids(n_ids, shape, seed=0):
+    return np.random.RandomState(seed).randint(0, n_ids, shape).astype(np.int32)
+
+
+def test_fp32_logits_match_transformers_qwen2_shifted(dream_hf_checkpoint, dream_converted):
+    model = ll.load(dream_converted, dtype="float32")
+    assert model.config.family == "dream" and model.config.logits_shift == 1 and model.config.qkv_bias
+    assert (model.config.n_heads, model.config.n_kv_heads) == (14, 2)  # 7 query heads per KV head
+    ids = _ids(300, (2, 37))
+    ours = np.asarray(forward(model.params, ids, None, model.config))
+    ref = _reference(dream_hf_checkpoint, ids)
+    err = np.abs(ours - ref).max()
+    print(f"dream fp32 max |diff| = {err:.2e} (logit scale {np.abs(ref).max():.2f})")
+    assert err <= FP32_TOL
+    assert ours.shape == (2, 37, 320)
+    # the shift really happened: unshifted logits are far from the reference's shifted ones
+    assert np.abs(ours[:, 1:] - _reference(dream_hf_checkpoint, ids, shift=False)[:, 1:]).max() > 100 * FP32_TOL
+
+
+def test_trunk_and_head_stay_unshifted(dream_hf_checkpoint, dream_converted):
+    model = ll.load(dream_converted, dtype="float32")
+    ids = _ids(300, (2, 19), seed=1)
+    mask = np.ones_like(ids, bool)
+    h, _ = trunk(model.params, ids, positions_from_mask(mask), mask, model.config)
+    ours = np.asarray(head(model.params, h, model.config))
+    assert np.abs(ours - _reference(dream_hf_checkpoint, ids, shift=False)).max() <= FP32_TOL
+
+
+def test_qkv_biases_are_converted_and_matter(dream_hf_checkpoint, dream_converted):
+    _, cfg, tensors = dream_hf_checkpoint
+    model = ll.load(dream_converted, dtype="float32")
+    for ours, hf in (("q_proj", "self_attn.q_proj"), ("k_proj", "self_attn.k_proj"), ("v_proj", "self_attn.v_proj")):
+        bias = np.asarray(model.params["blocks"][ours]["bias"])
+        assert bias.shape == (cfg["num_hidden_layers"], tensors[f"model.layers.0.{hf}.bias"].shape[0])
+        np.testing.assert_array_equal(bias[2], tensors[f"model.layers.2.{hf}.bias"].numpy())
+    ids = _ids(300, (1, 16), seed=2)
+    unbiased = {**model.params, "blocks": {k: {n: (jnp.zeros_like(a) if n == "bias" else a) for n, a in v.items()}
+                                          for k, v in model.params["blocks"].items()}}
+    with_bias = np.asarray(forward(model.params, ids, None, model.config))
+    without = np.asarray(forward(unbiased, ids, None, model.config))
+    assert np.abs(with_bias - without).max() > 0.05  # the biases are not a rounding-level detail
+
+
+def test_bf16_source_converts_and_stays_close(tmp_path, dream_hf_checkpoint, dream_tokenizer):
+    from conftest import write_dream_checkpoint
+    from convert.dream import convert
+
+    src, cfg, tensors = dream_hf_checkpoint
+    bf16 = write_dream_checkpoint(tmp_path / "bf16", cfg, tensors, dream_tokenizer, n_shards=3, dtype=torch.bfloat16)
+    convert(str(bf16), str(tmp_path / "out"), progress=False)
+    model = ll.load(tmp_path / "out")  # bf16
+    assert model.dtype == jnp.bfloat16
+    ids = _ids(300, (4, 33), seed=3)
+    ours = np.asarray(forward(model.params, ids, None, model.config))
+    ref = _reference(dream_hf_checkpoint, ids)
+    agree = float((ours.argmax(-1) == ref.argmax(-1)).mean())
+    rel = np.abs(ours - ref).max() / np.abs(ref).max()
+    print(f"dream bf16: max relative diff {rel:.3f}, argmax agreement {agree:.3f}")
+    assert ours.dtype == np.float32 and rel < 0.1 and agree > 0.9
+
+
+def test_left_padded_rows_equal_unpadded_rows(dream_converted):
+    model = ll.load(dream_converted, dtype="float32")
+    lengths = [9, 4, 13]
+    rng = np.random.RandomState(4)
+    rows = [rng.randint(0, 300, n) for n in lengths]
+    width = max(lengths)
+    ids = np.full((3, width), model.config.pad_token_id, np.int32)
+    mask = np.zeros((3, width), bool)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], mask[i, width - len(r):] = r, True
+    batch = np.asarray(forward(model.params, ids, mask, model.config))
+    for i, r in enumerate(rows):
+        alone = np.asarray(forward(model.params, r[None].astype(np.int32), None, model.config))[0]
+        # every real position, the first one included (it keeps its own logits, padded or not)
+        np.testing.assert_allclose(batch[i, width - len(r):], alone, atol=1e-5, rtol=0)
+
+
+def test_padding_matches_reference_with_key_mask(dream_hf_checkpoint, dream_converted):
+    model = ll.load(dream_converted, dtype="float32")
+    ids = _ids(300, (2, 20), seed=5)
+    mask = np.ones_like(ids, bool)
+    mask[0, :7] = False
+    ours = np.asarray(forward(model.params, ids, mask, model.config))
+    ref = _reference(dream_hf_checkpoint, ids, mask)
+    # Positions whose predecessor is a real token: there the whole-row shift and ours agree (at a row's
+    # first real token the whole-row shift reads a padding position's output).
+    scored = mask & np.concatenate([np.zeros((2, 1), bool), mask[:, :-1]], axis=1)
+    assert np.abs(ours - ref)[scored].max() <= FP32_TOL
+
+
+def test_tokenizer_is_chatml_with_ids_from_the_checkpoint(dream_hf_checkpoint, dream_converted, dream_tokenizer):
+    _, cfg, _ = dream_hf_checkpoint
+    model = ll.load(dream_converted, dtype="float32")
+    tok = model.tokenizer
+    assert tok.chat("What is 2 + 3?") == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                                          "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n")
+    assert tok.eot_id == dream_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert (tok.mask_id, tok.eos_id, tok.pad_id) == (cfg["mask_token_id"], cfg["eos_token_id"], cfg["pad_token_id"])
+    assert tok.vocab_size == len(dream_tokenizer) == 300 < model.config.embedding_size == 320
+    assert tok.stop_ids == (cfg["eos_token_id"], tok.eot_id)
+    # the converted tokenizer encodes as the source's did (built from vocab.json + merges.txt, no remote code)
+    text = "Question: Mia has 3 apples. 9 - 2 = 7"
+    assert tok.encode(text, chat=False) == dream_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert not (dream_converted / "tokenization_dream.py").exists()
+    assert "auto_map" not in json.loads((dream_converted / "tokenizer_config.json").read_text())
+    words = tok.hf("7 apples", add_special_tokens=False)["input_ids"]
+    assert tok.decode_generated(np.array([words + [tok.eot_id, *words]])) == ["7 apples"]
+
+
+def test_dream_7b_config_reads_as_the_qwen2_block():
+    """Dream-v0-Instruct-7B's config.json values (see the closing note for where each was read)."""
+    cfg = {"architectures": ["DreamModel"], "model_type": "Dream", "hidden_size": 3584, "intermediate_size": 18944,
+           "num_attention_heads": 28, "num_key_value_heads": 4, "num_hidden_layers": 28, "vocab_size": 152064,
+           "max_position_embeddings": 131072, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "rope_scaling": None,
+           "sliding_window": None, "use_sliding_window": False, "max_window_layers": 28, "tie_word_embeddings": False,
+           "hidden_act": "silu", "mask_token_id": 151666, "pad_token_id": 151643, "eos_token_id": 151643,
+           "bos_token_id": 151643, "use_mrope": False, "torch_dtype": "bfloat16"}
+    c = ModelConfig.from_hf_dict(cfg)
+    assert (c.family, c.qkv_bias, c.logits_shift, c.head_dim) == ("dream", True, 1, 128)
+    assert (c.d_model, c.n_heads, c.n_kv_heads, c.n_layers, c.mlp_hidden_size) == (3584, 28, 4, 28, 18944)
+    assert (c.embedding_size, c.rms_norm_eps, c.rope_theta) == (152064, 1e-6, 1e6)
+    assert (c.mask_token_id, c.eos_token_id, c.pad_token_id) == (151666, 151643, 151643)
+    assert 7.6e9 < c.num_params < 7.7e9  # the hub page says 7.62B
+    assert ModelConfig.from_hf_dict(c.to_hf_dict()) == c
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"use_sliding_window": True, "sliding_window": 64}, "use_sliding_window"),
+    ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "rope_scaling"),
+    ({"tie_word_embeddings": True}, "tie_word_embeddings"),
+    ({"use_mrope": True}, "use_mrope"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}, "model_type='qwen2'"),
+    ({"architectures": ["LLaDAModelLM"]}, "contradicts itself"),
+])
+def test_unimplemented_dream_configs_are_refused_by_name(dream_hf_checkpoint, change, named):
+    with pytest.raises(ConfigError, match=named):
+        ModelConfig.from_hf_dict({**dream_hf_checkpoint[1], **change})
+
+
+def test_a_dream_checkpoint_cannot_be_loaded_as_llada(tmp_path, dream_converted, hf_checkpoint):
+    """Same tree shapes but LLaDA's config.json: the q/k/v biases have nowhere to go."""
+    d = tmp_path / "ck"
+    shutil.copytree(dream_converted, d)
+    c = ll.load(dream_converted, dtype="float32").config
+    llada = ModelConfig(**{**c.__dict__, "family": "llada", "qkv_bias": False}).to_hf_dict()
+    (d / "config.json").write_text(json.dumps(llada))
+    with pytest.raises(ll.CheckpointError, match=r"unexpected \['blocks'\]\['k_proj'\]\['bias'\]"):
+        ll.load(d)
