@@ -190,14 +190,18 @@ def predict(logits: Float[Array, "B T V"], loop: LoopSettings, ids: SpecialIds, 
     """Prediction, its confidence (softmax probability) and the scored logits, all fp32.
 
     The scored logits are the distribution every confidence-like signal comes from: LLaDA's
-    switches put EOS (and EOT) at -inf there. Ids the tokenizer cannot decode are never predicted,
-    but keep their (tiny) share of the softmax, as in the published code."""
+    switches put EOS (and EOT) at -inf there. The mask token and ids the tokenizer cannot decode are
+    never predicted, but keep their (tiny, in a trained model) share of the softmax, as in the
+    published code, which would write them into the canvas."""
     logits = logits.astype(jnp.float32)
     if loop.logits_eos_inf:
         logits = logits.at[..., ids.eos].set(-jnp.inf)
-    choosable = logits
+    # Never predict the mask token (a committed mask would stay a hole) or an id the tokenizer cannot decode.
+    vocab = jnp.arange(logits.shape[-1])
+    allowed = vocab != ids.mask
     if ids.vocab_limit is not None and ids.vocab_limit < logits.shape[-1]:
-        choosable = jnp.where(jnp.arange(logits.shape[-1]) < ids.vocab_limit, logits, -jnp.inf)
+        allowed &= vocab < ids.vocab_limit
+    choosable = jnp.where(allowed, logits, -jnp.inf)
     if loop.temperature > 0 and key is not None:
         pred = jax.random.categorical(key, choosable / loop.temperature, axis=-1)  # Gumbel-max
     else:

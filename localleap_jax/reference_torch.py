@@ -119,9 +119,10 @@ def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *
     full waits (no commits, no NFE, its rule state untouched). Per pass: full bidirectional forward,
     Dream's shift if `shift` (position i scored by the hidden state at i-1), then per row in float64,
     at every position of the generated region (rules spec, "Common definitions"):
-      head   = logits, EOS -inf if logits_eos_inf;  pred = argmax(head over ids < vocab_limit)
+      head   = logits, EOS -inf if logits_eos_inf;  pred = argmax(head over ids < vocab_limit, but the mask)
       p      = softmax(head, with EOS and EOT also -inf if confidence_eos_eot_inf);  conf = p[pred]
-    (ids >= vocab_limit, which the tokenizer cannot decode, are never predicted but keep their softmax share)
+    (the mask id and ids >= vocab_limit, which the tokenizer cannot decode, are never predicted but keep
+    their softmax share)
     and the rule (a `reference_rules` object, one fresh copy per row, reset when the row enters a
     block) picks the commits among the block's still-masked positions. `strategy=` keeps the old
     form: a rule name whose settings come from the fields it has among steps, kappa, tau, radius
@@ -167,9 +168,10 @@ def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *
                 stats["passes"] = stats.get("passes", 0) + 1
             if logits_eos_inf:
                 logits[:, :, eos_id] = -float("inf")
-            choosable = logits
-            if vocab_limit is not None:  # never predict an id the tokenizer cannot decode (its softmax share stays)
-                choosable = logits.clone()
+            # Never predict the mask token or an id the tokenizer cannot decode (their softmax share stays).
+            choosable = logits.clone()
+            choosable[:, :, mask_id] = -float("inf")
+            if vocab_limit is not None:
                 choosable[:, :, vocab_limit:] = -float("inf")
             pred = choosable.argmax(-1)  # first maximum: lowest id on ties
             scored = logits.clone()
