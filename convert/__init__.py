@@ -3,23 +3,49 @@
     python -m convert SRC OUT           # the family (LLaDA or Dream) read from SRC's config.json
     python -m convert.llada SRC OUT     # refuses a Dream source, naming it
     python -m convert.dream SRC OUT     # refuses a LLaDA source, naming it
+
+Every mistake ends with exit status 2 and one line `error: ...`; Ctrl-C with status 130 and one
+line, leaving no output directory.
 """
 
-from __future__ import annotations
-
-import argparse
+import os
+import signal
 import sys
 
-from localleap_jax.checkpoint import CheckpointError
-from localleap_jax.convert_hf import FAMILY_NAMES, ConversionError, convert
+
+def _interrupted_while_starting(signum, frame):
+    # Ctrl-C while the heavy imports below run: nothing exists yet, so say so instead of a traceback.
+    # os._exit, not SystemExit: unwinding out of a half-imported C extension can crash the interpreter.
+    print("error: interrupted before anything was written", file=sys.stderr, flush=True)
+    os._exit(130)
+
+
+# Only for `python -m convert...` (Python sets argv[0] to "-m" while it locates the module), never
+# for a program that merely imports this package.
+if sys.argv[:1] == ["-m"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+import argparse  # noqa: E402
+
+from localleap_jax.checkpoint import CheckpointError  # noqa: E402
+from localleap_jax.convert_hf import FAMILY_NAMES, ConversionError, convert  # noqa: E402
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one `error:` line (no usage block)."""
+
+    def error(self, message):
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def main(argv=None, family: str | None = None) -> int:
     """The command line; exit status 2 and one `error:` line for anything wrong with the input."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, Ctrl-C cleans up as it unwinds
     prog = "python -m convert" + (f".{family}" if family else "")
     what = f"a Hugging Face {FAMILY_NAMES[family]} checkpoint" if family else "a Hugging Face LLaDA or Dream checkpoint"
-    ap = argparse.ArgumentParser(prog=prog, description=f"Convert {what} (safetensors) into a localleap-jax "
-                                 "checkpoint directory. Remote code is never run; pickle checkpoints are refused.")
+    ap = _OneLineParser(prog=prog, description=f"Convert {what} (safetensors) into a localleap-jax checkpoint "
+                        "directory. Remote code is never run; pickle checkpoints are refused.")
     ap.add_argument("src", help="local HF checkpoint directory or hub id")
     ap.add_argument("out", help="output checkpoint directory (must not exist or be empty)")
     ap.add_argument("--dtype", default="source", choices=("source", "bfloat16", "float16", "float32"),
@@ -32,5 +58,8 @@ def main(argv=None, family: str | None = None) -> int:
     except (ConversionError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"error: interrupted; nothing was written to {args.out}", file=sys.stderr)
+        return 130
     print(f"wrote {out}")
     return 0

@@ -4,19 +4,26 @@ A checkpoint directory holds
   config.json      the model's config (the HF one, copied, or one this project wrote); names the family
   params/          the Flax parameter tree, saved with Orbax
   tokenizer files  tokenizer.json, tokenizer_config.json, ... (copied verbatim)
-  manifest.json    format tag, source, per-shard sha256, parameter dtype; written last
+  manifest.json    format tag, source, per-shard sha256, parameter dtype, and the content hash of
+                   every file under params/ with their fingerprint; written last
   README.md        where it came from
 Everything is written into a sibling temporary directory that is renamed into place at the
-end, so an interrupted write leaves nothing that `load` accepts.
+end, so an interrupted write leaves nothing that `load` accepts (and, Ctrl-C included, nothing
+at all). `load` checks the recorded hashes (`verify=False` skips that) and refuses parameters
+that are not finite.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -26,9 +33,10 @@ import jax.numpy as jnp
 
 from localleap_jax.config import ConfigError, ModelConfig
 from localleap_jax.model import Params, init_params
-from localleap_jax.tokenizer import TOKENIZER_FILES, Tokenizer
+from localleap_jax.tokenizer import TOKENIZER_FILES, Tokenizer, TokenizerError
 
 FORMAT = "localleap-jax-checkpoint/1"
+PARAM_DTYPES = ("bfloat16", "float16", "float32")  # what `load` restores parameters into
 # The small model trained by experiments/train_tiny.py, shipped inside the package.
 EMBEDDED = Path(__file__).resolve().parent / "assets" / "tiny-math"
 
@@ -56,22 +64,56 @@ def abstract_params(config: ModelConfig, dtype: Any = jnp.bfloat16) -> Params:
     return jax.eval_shape(lambda: init_params(config, jax.random.key(0), dtype))
 
 
+def check_output_path(out: str | Path) -> Path:
+    """`out` resolved, if a checkpoint may be written there: absent, or an empty directory."""
+    out = Path(out).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out} is a file; the output must be a directory that does not exist yet (or is empty)")
+    if out.is_dir() and any(out.iterdir()):
+        raise CheckpointError(f"{out} already exists and is not empty; remove it or choose another path")
+    return out
+
+
 @contextmanager
 def atomic_directory(out: str | Path) -> Iterator[Path]:
-    """Yield a temporary directory beside `out`; rename it to `out` only if the block succeeds."""
-    out = Path(out).resolve()
-    if out.exists() and any(out.iterdir()):
-        raise CheckpointError(f"{out} already exists and is not empty; remove it or choose another path")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    """Yield a temporary directory beside `out`; rename it to `out` only if the block succeeds.
+
+    The directory gets the mode a plain `mkdir` would (the umask's), not mkdtemp's 0700: a
+    checkpoint on a shared machine is meant to be read by others. Whatever happens inside the
+    block (an error, Ctrl-C), the temporary directory is removed.
+    """
+    out = check_output_path(out)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    except OSError as e:
+        raise CheckpointError(f"cannot write {out}: {e.strerror or e}") from None
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
+    except OSError as e:  # disk full, permissions, ...: one line naming the output
+        raise CheckpointError(f"could not write {out}: {e}") from None
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        _remove_tree(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _remove_tree(path: Path) -> None:
+    """rmtree that a second Ctrl-C cannot cut short (half a partial directory is still a leftover)."""
+    for _ in range(5):
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
@@ -85,7 +127,11 @@ def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
 
 def write_params(path: str | Path, params: Params) -> None:
     """Save the tree with Orbax, one leaf's worth of bytes in flight at a time (bounded host memory:
-    converting LLaDA-8B must fit in 24 GiB). Orbax's limit must admit the largest leaf."""
+    converting LLaDA-8B must fit in 24 GiB). Orbax's limit must admit the largest leaf.
+
+    The save runs on a worker thread that a Ctrl-C waits for: interrupted mid-save, Orbax's own
+    writer threads would keep creating files after the caller removed the temporary directory.
+    """
     import math
 
     import orbax.checkpoint as ocp
@@ -93,7 +139,40 @@ def write_params(path: str | Path, params: Params) -> None:
     largest = max(leaf.nbytes for leaf in jax.tree.leaves(params))
     limit_gb = max(1, math.ceil(largest / 1e9))
     handler = ocp.PyTreeCheckpointHandler(save_concurrent_gb=limit_gb, save_device_host_concurrent_gb=limit_gb)
-    ocp.Checkpointer(handler).save(Path(path).resolve(), args=ocp.args.PyTreeSave(params))
+    failure: list[BaseException] = []
+    done = threading.Event()
+
+    def save():
+        try:
+            ocp.Checkpointer(handler).save(Path(path).resolve(), args=ocp.args.PyTreeSave(params))
+        except BaseException as e:  # re-raised on the calling thread
+            failure.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=save, name="orbax-save").start()
+    if _wait_holding_interrupts(done):
+        raise KeyboardInterrupt  # the write is complete: now the caller may clean up
+    if failure:
+        raise failure[0]
+
+
+def _wait_holding_interrupts(done: threading.Event) -> bool:
+    """Wait for `done`; a Ctrl-C meanwhile is remembered instead of raised. Returns whether one came.
+
+    Not a try/except around `Thread.join`: an interrupted join marks a live thread as finished
+    (CPython 3.11), and the interrupt could also land between two waits.
+    """
+    if threading.current_thread() is not threading.main_thread():  # signals only reach the main thread
+        done.wait()
+        return False
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
+    try:
+        done.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    return interrupted.is_set()
 
 
 def write_checkpoint_files(tmp: Path, *, hf_config: Mapping[str, Any], params: Params, tokenizer_dir: str | Path,
@@ -106,15 +185,20 @@ def write_checkpoint_files(tmp: Path, *, hf_config: Mapping[str, Any], params: P
         raise CheckpointError(f"{tokenizer_dir} has no tokenizer.json")
     (tmp / "README.md").write_text(readme)
     leaves = jax.tree.leaves(params)
-    body = {"format": FORMAT, "param_dtype": str(leaves[0].dtype), "tokenizer_files": tokenizer_files, **manifest}
+    files = params_file_records(tmp / "params")
+    body = {"format": FORMAT, "param_dtype": str(leaves[0].dtype), "tokenizer_files": tokenizer_files, **manifest,
+            "params_fingerprint": fingerprint_of({k: v["sha256"] for k, v in files.items()}),
+            "params_digest": PARAMS_DIGEST, "params_files": files}
     (tmp / "manifest.json").write_text(json.dumps(body, indent=2))
 
 
 def save(out: str | Path, config: ModelConfig, params: Params, tokenizer_dir: str | Path, *,
          hf_config: Mapping[str, Any] | None = None, manifest: Mapping[str, Any] | None = None,
          readme: str = "") -> Path:
-    """Write a checkpoint directory atomically (see the module docstring)."""
+    """Write a checkpoint directory atomically (see the module docstring). Non-finite parameters
+    (a training run that diverged) are refused before anything is written."""
     _check_tree(params, abstract_params(config, jax.tree.leaves(params)[0].dtype), "params to save")
+    _check_finite(params, "params to save")
     with atomic_directory(out) as tmp:
         write_checkpoint_files(tmp, hf_config=hf_config or config.to_hf_dict(), params=params,
                                tokenizer_dir=tokenizer_dir, manifest=manifest or {},
@@ -151,32 +235,65 @@ def read_manifest(path: str | Path) -> dict:
     except FileNotFoundError:
         raise CheckpointError(f"{path} is not a complete localleap-jax checkpoint (no manifest.json; "
                               "an interrupted conversion leaves none)") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}/manifest.json is not valid JSON: {e}") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path}/manifest.json must hold a JSON object, not a {type(manifest).__name__}")
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{path}/manifest.json has format {manifest.get('format')!r}; expected {FORMAT!r}")
+    files = manifest.get("params_files")
+    if files is not None and not (isinstance(files, dict) and all(
+            isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("sha256"), str)
+            for v in files.values())):
+        raise CheckpointError(f"{path}/manifest.json has a malformed params_files (expected "
+                              '{"relative/path": {"bytes": int, "sha256": hex}})')
     return manifest
 
 
-def hash_params_files(params_dir: str | Path, chunk: int = 1 << 26) -> dict[str, str]:
-    """sha256 of every file under params/, by path relative to it (chunked reads: bounded memory)."""
-    import hashlib
+# ---------------------------------------------------------------- content hashes of params/
+# A file's digest is the sha256 of the sequence of its 64 MiB chunks' sha256 digests: the chunks
+# hash in parallel (hashlib releases the GIL), so verifying a large file is not one core's job.
 
+PARAMS_DIGEST = "sha256 over the sha256 of each 64 MiB chunk"
+_CHUNK = 1 << 26
+
+
+def _params_files(params_dir: Path) -> list[Path]:
+    return sorted(p for p in Path(params_dir).rglob("*") if p.is_file())
+
+
+def params_file_records(params_dir: str | Path) -> dict[str, dict]:
+    """{path relative to params/: {"bytes": size, "sha256": digest}} for every file under params/.
+
+    Every chunk of every file is one task on a thread pool (Orbax writes many files of uneven
+    size), so all cores hash until the last chunk.
+    """
     params_dir = Path(params_dir)
-    out = {}
-    for f in sorted(p for p in params_dir.rglob("*") if p.is_file()):
-        h = hashlib.sha256()
-        with open(f, "rb") as fh:
-            while block := fh.read(chunk):
-                h.update(block)
-        out[f.relative_to(params_dir).as_posix()] = h.hexdigest()
-    return out
+    files = _params_files(params_dir)
+    sizes = [f.stat().st_size for f in files]
+    tasks = [(i, offset) for i, size in enumerate(sizes) for offset in range(0, size, _CHUNK)]
+    fds: list[int] = []
+    try:
+        fds = [os.open(f, os.O_RDONLY) for f in files]
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            digests = list(pool.map(lambda t: hashlib.sha256(os.pread(fds[t[0]], _CHUNK, t[1])).digest(), tasks))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    outer = [hashlib.sha256() for _ in files]
+    for (i, _), digest in zip(tasks, digests):
+        outer[i].update(digest)
+    return {f.relative_to(params_dir).as_posix(): {"bytes": size, "sha256": h.hexdigest()}
+            for f, size, h in zip(files, sizes, outer)}
+
+
+def hash_params_files(params_dir: str | Path) -> dict[str, str]:
+    """The digest of every file under params/, by path relative to it."""
+    return {k: v["sha256"] for k, v in params_file_records(params_dir).items()}
 
 
 def fingerprint_of(file_hashes: Mapping[str, str]) -> str:
     """One hex digest naming the parameter contents (independent of where the directory lives)."""
-    import hashlib
-
     return hashlib.sha256("".join(f"{k}\t{v}\n" for k, v in sorted(file_hashes.items())).encode()).hexdigest()
 
 
@@ -190,22 +307,76 @@ def params_fingerprint(path: str | Path) -> str:
     return fingerprint_of(hash_params_files(Path(path) / "params"))
 
 
-def load(path: str | Path, dtype: str | Any = "bfloat16") -> Model:
-    """Restore a checkpoint directory with Orbax, straight into `dtype` on the default device."""
+def check_params_layout(params_dir: Path, recorded: Mapping[str, Mapping]) -> None:
+    """The files under params/ against manifest.json: the same names and sizes (cheap: no reading)."""
+    found = {f.relative_to(params_dir).as_posix(): f for f in _params_files(params_dir)}
+    problems = [f"params/{k} is missing" for k in sorted(recorded.keys() - found.keys())]
+    problems += [f"params/{k} is not in manifest.json" for k in sorted(found.keys() - recorded.keys())]
+    for k in sorted(recorded.keys() & found.keys()):
+        size, want = found[k].stat().st_size, recorded[k]["bytes"]
+        if size != want:
+            state = "truncated" if size < want else "longer than recorded"
+            problems.append(f"params/{k} is {state} ({size} bytes, manifest.json recorded {want})")
+    if problems:
+        raise CheckpointError(f"{params_dir.parent}: " + "; ".join(problems))
+
+
+def check_params_content(params_dir: Path, recorded: Mapping[str, Mapping]) -> None:
+    """The files under params/ hash to what manifest.json recorded."""
+    actual = hash_params_files(params_dir)
+    bad = [k for k in sorted(recorded) if actual.get(k) != recorded[k]["sha256"]]
+    if bad:
+        raise CheckpointError(
+            f"{params_dir.parent}: " + ", ".join(f"params/{k}" for k in bad) + " does not match the sha256 "
+            "recorded in manifest.json (corrupted or replaced); convert again, or load(verify=False) to skip "
+            "this check")
+
+
+def _check_finite(params: Params, what: str) -> None:
+    """Refuse NaN/inf anywhere in the tree, naming the leaves (one fused reduction per leaf)."""
+    counts = jax.jit(lambda p: jax.tree.map(lambda a: jnp.sum(~jnp.isfinite(a)), p))(params)
+    bad = [(jax.tree_util.keystr(k), int(n)) for k, n in jax.tree_util.tree_flatten_with_path(counts)[0] if int(n)]
+    if bad:
+        raise CheckpointError(f"{what}: " + "; ".join(f"{k} holds {n} non-finite value(s)" for k, n in bad)
+                              + " (NaN/inf: the weights are corrupted)")
+
+
+def parameter_dtype(dtype: str | Any) -> jnp.dtype:
+    """bfloat16, float16 or float32 (what the model computes in), from a name or dtype."""
+    try:
+        parsed = jnp.dtype(dtype)
+    except TypeError:
+        parsed = None
+    if parsed is None or parsed.name not in PARAM_DTYPES:
+        raise CheckpointError(f"parameter dtype {dtype!r} is not supported; use one of {', '.join(PARAM_DTYPES)}")
+    return parsed
+
+
+def load(path: str | Path, dtype: str | Any = "bfloat16", verify: bool = True) -> Model:
+    """Restore a checkpoint directory with Orbax, straight into `dtype` on the default device.
+
+    The files under params/ must have the sizes manifest.json recorded; with `verify` (default)
+    also the same sha256, hashed on other threads while Orbax restores (about 2 s/GB on one
+    busy core; `verify=False` skips it). Parameters that are not finite are always refused.
+    """
     import orbax.checkpoint as ocp
 
     path = Path(path).expanduser().resolve()
-    read_manifest(path)
+    manifest = read_manifest(path)
     try:
         config = ModelConfig.from_json_file(path / "config.json")
     except ConfigError as e:
         raise CheckpointError(f"{path}: {e}") from None
-    try:
-        dtype = jnp.dtype(dtype)
-    except TypeError:
-        raise CheckpointError(f"unknown dtype {dtype!r}; use bfloat16, float16 or float32") from None
+    dtype = parameter_dtype(dtype)
     if not (path / "params").is_dir():
         raise CheckpointError(f"{path} has no params/ directory")
+    recorded = manifest.get("params_files")
+    if recorded is not None:
+        check_params_layout(path / "params", recorded)
+    elif verify:
+        import warnings
+        warnings.warn(f"{path}/manifest.json records no parameter hashes (written by an older version): "
+                      "not verified", stacklevel=2)
     ckptr = ocp.StandardCheckpointer()
     try:
         stored = ckptr.metadata(path / "params").item_metadata.tree
@@ -216,9 +387,25 @@ def load(path: str | Path, dtype: str | Any = "bfloat16") -> Model:
     device = jax.devices()[0]
     target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, dtype, sharding=jax.sharding.SingleDeviceSharding(device)),
                           expected)
-    params = ckptr.restore(path / "params", target)
-    tokenizer = Tokenizer.from_dir(path, mask_id=config.mask_token_id, eos_id=config.eos_token_id,
-                                   pad_id=config.pad_token_id)
+    # The hash runs beside the restore (both only read params/); a mismatch outranks a restore
+    # error, which is what damaged data usually causes.
+    with ThreadPoolExecutor(max_workers=1) as background:
+        hashing = background.submit(check_params_content, path / "params", recorded) if verify and recorded else None
+        try:
+            params = ckptr.restore(path / "params", target)
+        except Exception as e:  # TensorStore/Orbax errors for damaged data files: one line naming the directory
+            if hashing is not None:
+                hashing.result()
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"{path}/params could not be read ({reason})") from None
+        if hashing is not None:
+            hashing.result()
+    _check_finite(params, f"{path}/params")
+    try:
+        tokenizer = Tokenizer.from_dir(path, mask_id=config.mask_token_id, eos_id=config.eos_token_id,
+                                       pad_id=config.pad_token_id)
+    except TokenizerError as e:
+        raise CheckpointError(f"{path}: {e}") from None
     return Model(config, params, tokenizer, path)
 
 

@@ -57,8 +57,9 @@ class ModelConfig:
             raise ConfigError(f"head_dim={self.head_dim} must be even for rotate-half RoPE")
         if self.embedding_size < self.vocab_size:
             raise ConfigError(f"embedding_size={self.embedding_size} < vocab_size={self.vocab_size}")
-        if not 0 <= self.mask_token_id < self.embedding_size:
-            raise ConfigError(f"mask_token_id={self.mask_token_id} is outside the embedding")
+        for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
+            if not 0 <= getattr(self, name) < self.vocab_size:
+                raise ConfigError(f"{name}={getattr(self, name)} is outside the vocabulary (vocab_size={self.vocab_size})")
         if self.family == "dream" and self.vocab_size != self.embedding_size:
             # Dream's config.json has one vocab_size (the embedding rows); the tokenizer knows fewer ids.
             raise ConfigError(f"a Dream config has vocab_size == embedding_size, got {self.vocab_size} "
@@ -130,7 +131,9 @@ def detect_family(cfg: Mapping[str, Any]) -> str:
 
 
 def _int(cfg: Mapping, key: str, default: Any = None, minimum: int = 1) -> int:
-    value = cfg.get(key, default)
+    value = cfg.get(key)
+    if value is None:  # absent or null: the family's default, if it has one
+        value = default
     if value is None:
         raise ConfigError(f"config.json is missing {key}")
     if isinstance(value, bool) or not isinstance(value, int):
@@ -140,10 +143,12 @@ def _int(cfg: Mapping, key: str, default: Any = None, minimum: int = 1) -> int:
     return value
 
 
-def _positive_float(cfg: Mapping, key: str, default: float) -> float:
-    value = cfg.get(key, default)
+def _positive_float(cfg: Mapping, key: str, default: float | None) -> float:
+    value = cfg.get(key)
     if value is None:
         value = default
+    if value is None:
+        raise ConfigError(f"config.json is missing {key}")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ConfigError(f"config.json {key}={value!r} must be a positive number")
     return float(value)
@@ -176,52 +181,58 @@ _LLADA_MUST_BE_FALSE = (
     "input_emb_norm",
     "multi_query_attention",
     "clip_qkv",
+    "bias_for_layer_norm",
 )
-# Flags that must hold one specific value.
+# Fields that must hold one specific value, and be present: LLaDA's own defaults for them
+# (OLMo's: a sequential block, no RoPE, ...) describe a different network.
 _LLADA_MUST_EQUAL = {
     "block_type": "llama",
     "layer_norm_type": "rms",
     "activation_type": "silu",
     "rope": True,
 }
+# Fields that may be absent but, when present, must hold this value.
+_LLADA_IF_PRESENT = {
+    "layer_norm_with_affine": True,  # false: RMSNorm without a scale
+    "rope_full_precision": True,  # false: RoPE in the activation dtype; ours is always fp32
+    "rope_scaling": None,  # not an OLMo field, but never silently ignored
+}
 
 
 def _read_llada(cfg: Mapping[str, Any]) -> ModelConfig:
     bad = [k for k in _LLADA_MUST_BE_FALSE if cfg.get(k)]
-    bad += [f"{k}={cfg[k]!r} (only {v!r} is implemented)"
-            for k, v in _LLADA_MUST_EQUAL.items() if k in cfg and cfg[k] != v]
-    if cfg.get("rope") is False:
-        bad.append("rope=False (only RoPE is implemented)")
-    _refuse(sorted(set(bad)))
-    missing = [k for k in ("d_model", "n_heads", "n_layers") if k not in cfg]
-    if missing:
-        raise ConfigError(f"config.json is not a LLaDA config: missing {', '.join(missing)}")
-    d_model, n_heads = int(cfg["d_model"]), int(cfg["n_heads"])
-    if cfg.get("mlp_hidden_size"):
-        mlp = int(cfg["mlp_hidden_size"])
-    elif cfg.get("mlp_ratio"):
-        mlp = int(cfg["mlp_ratio"] * d_model)
-    else:
+    bad += [(f"{k}={cfg[k]!r}" if k in cfg else f"{k} missing") + f" (only {v!r} is implemented)"
+            for k, v in _LLADA_MUST_EQUAL.items() if cfg.get(k) != v]
+    bad += [f"{k}={cfg[k]!r} (only {v!r} is implemented)" for k, v in _LLADA_IF_PRESENT.items()
+            if k in cfg and cfg[k] != v]
+    _refuse(sorted(bad))
+    d_model = _int(cfg, "d_model")
+    n_heads = _int(cfg, "n_heads")
+    if cfg.get("mlp_hidden_size") is not None:
+        mlp = _int(cfg, "mlp_hidden_size")
+    elif cfg.get("mlp_ratio") is None:
         raise ConfigError("config.json has neither mlp_hidden_size nor mlp_ratio")
-    vocab = int(cfg["vocab_size"])
-    eos = cfg.get("eos_token_id")
-    pad = cfg.get("pad_token_id", eos)
-    if "mask_token_id" not in cfg or eos is None:
-        raise ConfigError("config.json must give mask_token_id and eos_token_id")
+    else:
+        ratio = _positive_float(cfg, "mlp_ratio", None)
+        if not float(ratio * d_model).is_integer():
+            raise ConfigError(f"config.json mlp_ratio={ratio} times d_model={d_model} is not a whole number")
+        mlp = int(ratio * d_model)
+    vocab = _int(cfg, "vocab_size")
+    eos = _int(cfg, "eos_token_id", minimum=0)
     return ModelConfig(
         d_model=d_model,
         n_heads=n_heads,
-        n_kv_heads=int(cfg.get("n_kv_heads") or n_heads),
-        n_layers=int(cfg["n_layers"]),
+        n_kv_heads=_int(cfg, "n_kv_heads", default=n_heads),
+        n_layers=_int(cfg, "n_layers"),
         mlp_hidden_size=mlp,
         vocab_size=vocab,
-        embedding_size=int(cfg.get("embedding_size") or vocab),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        max_sequence_length=int(cfg.get("max_sequence_length", 4096)),
-        mask_token_id=int(cfg["mask_token_id"]),
-        eos_token_id=int(eos),
-        pad_token_id=int(pad if pad is not None else eos),
+        embedding_size=_int(cfg, "embedding_size", default=vocab),
+        rope_theta=_positive_float(cfg, "rope_theta", 10000.0),
+        rms_norm_eps=_positive_float(cfg, "rms_norm_eps", 1e-5),
+        max_sequence_length=_int(cfg, "max_sequence_length", default=4096),
+        mask_token_id=_int(cfg, "mask_token_id", minimum=0),
+        eos_token_id=eos,
+        pad_token_id=_int(cfg, "pad_token_id", default=eos, minimum=0),
         family="llada",
     )
 
@@ -249,6 +260,7 @@ def _write_llada(c: ModelConfig) -> dict[str, Any]:
         "eos_token_id": c.eos_token_id,
         "pad_token_id": c.pad_token_id,
         **{k: False for k in _LLADA_MUST_BE_FALSE if k not in ("clip_qkv",)},
+        "layer_norm_with_affine": True,
     }
 
 

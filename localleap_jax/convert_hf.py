@@ -30,11 +30,13 @@ import ml_dtypes
 import numpy as np
 from tqdm import tqdm
 
-from localleap_jax.checkpoint import CheckpointError, abstract_params, atomic_directory, write_checkpoint_files
+from localleap_jax.checkpoint import (CheckpointError, abstract_params, atomic_directory, check_output_path,
+                                     write_checkpoint_files)
 from localleap_jax.config import ConfigError, ModelConfig
 from localleap_jax.families import tensor_map
 
-_DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32}
+_DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32, "F64": np.float64}
+_OUT_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _HUB_PATTERNS = ["*.safetensors", "*.json", "tokenizer*", "*.jinja", "merges.txt"]
 FAMILY_NAMES = {"llada": "LLaDA", "dream": "Dream"}
@@ -153,7 +155,7 @@ def check_tensors(shards: list[Path], config: ModelConfig) -> dict[str, TensorIn
     """Every tensor's location, after checking the whole set against config.json."""
     targets = tensor_map(config)
     found: dict[str, TensorInfo] = {}
-    duplicates, unexpected, bad_shape = [], [], []
+    duplicates, unexpected, bad_shape, bad_dtype = [], [], [], []
     expected = abstract_params(config)
     for shard in shards:
         for name, info in read_header(shard).items():
@@ -161,6 +163,8 @@ def check_tensors(shards: list[Path], config: ModelConfig) -> dict[str, TensorIn
                 duplicates.append(f"{name} (in {found[name].shard.name} and {shard.name})")
                 continue
             found[name] = info
+            if info.dtype not in _DTYPES:
+                bad_dtype.append(f"{name} has dtype {info.dtype}")
             tgt = targets.get(name)
             if tgt is None:
                 unexpected.append(name)
@@ -175,7 +179,8 @@ def check_tensors(shards: list[Path], config: ModelConfig) -> dict[str, TensorIn
     missing = [n for n in targets if n not in found]
     problems = []
     for label, items in (("missing", missing), ("duplicate", duplicates), ("unexpected", unexpected),
-                         ("wrong shape", bad_shape)):
+                         ("wrong shape", bad_shape),
+                         ("not floating point (only BF16, F16, F32 and F64 weights convert)", bad_dtype)):
         if items:
             shown = items[:20] + ([f"... {len(items) - 20} more"] if len(items) > 20 else [])
             problems.append(f"{label}: {', '.join(shown)}")
@@ -206,6 +211,20 @@ def tokenizer_source(local: Path, config: ModelConfig, workdir: Path) -> Path:
     raise ConversionError(f"{local} has no {wanted}")
 
 
+def check_tokenizer(tokenizer_dir: Path, config: ModelConfig) -> None:
+    """The tokenizer knows the config's special ids and every id it can produce has an embedding row."""
+    from localleap_jax.tokenizer import Tokenizer, TokenizerError
+
+    try:
+        tok = Tokenizer.from_dir(tokenizer_dir, mask_id=config.mask_token_id, eos_id=config.eos_token_id,
+                                 pad_id=config.pad_token_id)
+    except TokenizerError as e:
+        raise ConversionError(str(e)) from None
+    if tok.vocab_size > config.embedding_size:
+        raise ConversionError(f"the tokenizer has {tok.vocab_size} ids but config.json gives the model only "
+                              f"{config.embedding_size} embedding rows")
+
+
 # ---------------------------------------------------------------- conversion
 
 
@@ -213,6 +232,7 @@ def convert(src: str, out: str, dtype: str = "source", revision: str | None = No
             family: str | None = None) -> Path:
     """Convert SRC (HF dir or hub id) into the checkpoint directory OUT. With `family` given, a source
     of the other family is refused (one line naming what it is)."""
+    check_output_path(out)  # before a download, not after
     local, source = resolve_source(src, revision)
     hf_config, config = read_source_config(local)
     if family is not None and config.family != family:
@@ -222,6 +242,7 @@ def convert(src: str, out: str, dtype: str = "source", revision: str | None = No
             f"python -m convert.{config.family}, or python -m convert (detects the family)")
     with tempfile.TemporaryDirectory(prefix="localleap-tokenizer-") as work:
         tokenizer_dir = tokenizer_source(local, config, Path(work))
+        check_tokenizer(tokenizer_dir, config)
         shards = find_shards(local)
         tensors = check_tensors(shards, config)
 
@@ -229,9 +250,14 @@ def convert(src: str, out: str, dtype: str = "source", revision: str | None = No
         if dtype == "source":
             if len(source_dtypes) != 1:
                 raise ConversionError(f"tensors have mixed dtypes {sorted(source_dtypes)}; pass --dtype")
+            if source_dtypes == {"F64"}:
+                raise ConversionError(f"{src} holds F64 tensors; pass --dtype float32 or --dtype bfloat16 "
+                                      "(float64 parameters are not supported)")
             out_dtype = np.dtype(_DTYPES[source_dtypes.pop()])
+        elif dtype in _OUT_DTYPES:
+            out_dtype = np.dtype(_OUT_DTYPES[dtype])
         else:
-            out_dtype = np.dtype({"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}[dtype])
+            raise ConversionError(f"--dtype {dtype!r} is not one of source, {', '.join(_OUT_DTYPES)}")
 
         import jax
         targets = tensor_map(config)
@@ -250,7 +276,13 @@ def convert(src: str, out: str, dtype: str = "source", revision: str | None = No
                         leaf = leaf[k]
                     dst = leaf if tgt.layer is None else leaf[tgt.layer]
                     src_arr = read_tensor(info)
+                    non_finite = src_arr.size - int(np.count_nonzero(np.isfinite(src_arr)))
+                    if non_finite:
+                        raise ConversionError(f"{name} holds {non_finite} non-finite value(s) (NaN/inf) in {shard.name}")
                     np.copyto(dst, src_arr.T if tgt.transpose else src_arr, casting="unsafe")
+                    narrower = ml_dtypes.finfo(out_dtype).max < ml_dtypes.finfo(src_arr.dtype).max
+                    if narrower and not np.isfinite(dst).all():  # a value beyond the target dtype's range
+                        raise ConversionError(f"{name} overflows {out_dtype.name} (values beyond its range)")
                     del src_arr
                     bar.update(info.nbytes)
                 shard_sums.append({"file": shard.name, "sha256": sha256_of(shard), "bytes": shard.stat().st_size})

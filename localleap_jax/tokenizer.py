@@ -67,6 +67,9 @@ class Tokenizer:
         if self.pad_id == self.mask_id:
             raise TokenizerError(f"pad id {self.pad_id} equals the mask id: padding would be read as "
                                  "positions to generate")
+        for name, value in (("mask", self.mask_id), ("eos", self.eos_id), ("pad", self.pad_id)):
+            if not 0 <= value < self.vocab_size:
+                raise TokenizerError(f"{name} id {value} is not a token of the tokenizer (it has {self.vocab_size} ids)")
 
     @classmethod
     def from_dir(cls, path: str | Path, *, mask_id: int, eos_id: int, pad_id: int | None = None) -> "Tokenizer":
@@ -75,7 +78,11 @@ class Tokenizer:
         path = Path(path)
         if not (path / "tokenizer.json").is_file():
             raise TokenizerError(f"{path} has no tokenizer.json (a fast tokenizer is required)")
-        hf = PreTrainedTokenizerFast.from_pretrained(str(path))
+        try:
+            hf = PreTrainedTokenizerFast.from_pretrained(str(path))
+        except Exception as e:  # a damaged tokenizer.json / tokenizer_config.json: one line naming it
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise TokenizerError(f"the tokenizer in {path} cannot be read ({type(e).__name__}: {reason})") from None
         return cls(hf, mask_id=mask_id, eos_id=eos_id, pad_id=pad_id)
 
     @property
