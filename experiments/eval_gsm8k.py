@@ -369,7 +369,7 @@ class Progress:
             if db is not None:
                 try:
                     db.commit(blocking=True)
-                except Exception:
+                except Exception:  # noqa: BLE001  (a cache that cannot commit loses answers the rerun redoes)
                     pass
 
     def interrupted(self, what: str) -> str:
@@ -414,8 +414,9 @@ def evaluate_once(model, cfg, key: dict, cache: Path, args, task: str, include: 
                                       num_fewshot=args.num_fewshot, limit=args.limit, use_cache=str(cache),
                                       log_samples=True, bootstrap_iters=0, random_seed=args.seed)
     except PromptTooLongError as e:
-        raise UserError(e.describe("pass --truncate-fewshot to drop few-shot examples, or lower --num-fewshot or "
-                                   "--gen-length")) from None
+        fix = ("even with every few-shot example dropped; lower --gen-length" if e.truncating else
+               "pass --truncate-fewshot to drop few-shot examples, or lower --num-fewshot or --gen-length")
+        raise UserError(f"{e.summary}; {fix}") from None
     except USER_ERRORS as e:
         raise UserError(str(e)) from None
     except (ConnectionError, OSError, FileNotFoundError) as e:

@@ -65,19 +65,15 @@ class PromptTooLongError(ValueError):
 
     def __init__(self, too_long: int, total: int, excess: int, room: int, max_sequence_length: int,
                  gen_length: int, truncating: bool):
-        self.too_long, self.total, self.excess, self.room = too_long, total, excess, room
-        self.max_sequence_length, self.gen_length, self.truncating = max_sequence_length, gen_length, truncating
-        super().__init__(self.describe("pass truncate_fewshot=True in --model_args to drop few-shot examples, or "
-                                       "lower --num_fewshot or gen_length"))
-
-    def describe(self, fix: str) -> str:
-        """The message, with the way out phrased for the caller's command line."""
-        what = (f"{self.too_long} of {self.total} prompts are longer than the {self.room} tokens the model leaves "
-                f"for a prompt (max_sequence_length {self.max_sequence_length} - gen_length {self.gen_length}), "
-                f"by up to {self.excess} tokens")
-        if self.truncating:  # few-shot examples are already gone: only a shorter canvas helps
-            return f"{what}, even with every few-shot example dropped; lower gen_length"
-        return f"{what}; {fix}"
+        self.truncating = truncating  # few-shot examples were already dropped where they could be
+        self.summary = (f"{too_long} of {total} prompts are longer than the {room} tokens the model leaves for a "
+                        f"prompt (max_sequence_length {max_sequence_length} - gen_length {gen_length}), by up to "
+                        f"{excess} tokens")
+        super().__init__(f"{self.summary}; " + (
+            "truncate_fewshot could not make them fit (the question alone is too long, or lm-eval chat-formatted "
+            "the prompt, which leaves no few-shot text to cut): lower gen_length" if truncating else
+            "pass truncate_fewshot=True in --model_args to drop few-shot examples, or lower --num_fewshot or "
+            "gen_length"))
 
 
 class CacheMismatchError(ValueError):
