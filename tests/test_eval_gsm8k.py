@@ -1,13 +1,22 @@
 """experiments/eval_gsm8k.py end to end on the embedded model: files agree, reruns skip, mistakes are one line."""
 
 import json
+import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 import eval_gsm8k
+import localleap_jax as ll
 from conftest import REPO, SHARED
+from localleap_jax.checkpoint import EMBEDDED
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +90,171 @@ def test_mistakes_end_with_one_clear_line(tmp_path, make_args, message):
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr
     import re
     assert re.search(message, lines[0]), lines[0]
+
+
+# ---------------------------------------------------------------- issue #8: state that must never lie or break
+
+SMALL = ["--limit", "4", "--batch-size", "4", "--strategies", "threshold", "--no-compile-cache"]
+OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """(checkpoint A: a copy of the embedded model, an eval of 4 problems on it)."""
+    root = tmp_path_factory.mktemp("small")
+    shutil.copytree(EMBEDDED, root / "ckA")
+    assert eval_gsm8k.main(["--checkpoint", str(root / "ckA"), *SMALL, "--output", str(root / "out")]) == 0
+    return root / "ckA", root / "out"
+
+
+def _copy_of(run_out, tmp_path):
+    shutil.copytree(run_out, tmp_path / "out")
+    return tmp_path / "out"
+
+
+def _rows(out):
+    return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+
+
+def _batches_generated(printed: str) -> int:
+    return int(re.search(r"\((\d+) batches generated", printed).group(1))
+
+
+def _set_every_answer(out, value):
+    from sqlitedict import SqliteDict
+
+    for db_path in (out / "cache").glob("*.db"):
+        with SqliteDict(str(db_path), autocommit=True) as db:
+            for k in [k for k, v in db.items() if isinstance(v, str)]:
+                db[k] = value
+
+
+def test_a_cache_holding_missing_answers_is_generated_again(small_run, tmp_path, capsys):
+    """#8 item 1: `--batch-size -1` used to store None answers, and every later run into that --output died."""
+    ck, base = small_run
+    out = _copy_of(base, tmp_path)
+    _set_every_answer(out, None)
+    capsys.readouterr()
+    assert eval_gsm8k.main(["--checkpoint", str(ck), *SMALL, "--output", str(out)]) == 0
+    assert _batches_generated(capsys.readouterr().out) == 1
+    assert [r["generated"] for r in _rows(out)] == [r["generated"] for r in _rows(base)]
+    assert all(isinstance(r["generated"], str) for r in _rows(out))
+
+
+def _other_model(path):
+    """A different model's conversion (random weights) with the embedded model's eval setup."""
+    from localleap_jax.model import init_params
+
+    model = ll.load(EMBEDDED, dtype="float32")
+    manifest = json.loads((EMBEDDED / "manifest.json").read_text())
+    ll.checkpoint.save(path, model.config, init_params(model.config, jax.random.key(1), jnp.float32), EMBEDDED,
+                       hf_config=json.loads((EMBEDDED / "config.json").read_text()),
+                       manifest={k: manifest[k] for k in ("eval_data", "eval_data_spec", "eval_defaults")})
+
+
+def test_resume_follows_the_weights_not_the_checkpoint_path(tmp_path, capsys):
+    """#8 item 2: a checkpoint replaced by another model's conversion used to get the old model's answers."""
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    shutil.copytree(EMBEDDED, ck)
+    run = lambda checkpoint: eval_gsm8k.main(["--checkpoint", str(checkpoint), *SMALL, "--output", str(out)])  # noqa: E731
+    assert run(ck) == 0
+    first = [r["generated"] for r in _rows(out)]
+    shutil.rmtree(ck)
+    _other_model(ck)
+    capsys.readouterr()
+    assert run(ck) == 0
+    assert _batches_generated(capsys.readouterr().out) == 1
+    assert [r["generated"] for r in _rows(out)] != first
+    shutil.copytree(ck, tmp_path / "moved")
+    assert run(tmp_path / "moved") == 0
+    assert _batches_generated(capsys.readouterr().out) == 0  # the same weights elsewhere: nothing to redo
+
+
+def test_a_torn_stats_record_is_dropped_and_its_answer_generated_again(small_run, tmp_path, capsys):
+    """#8 item 7: a stats log cut mid-record (kill -9, full disk) used to fail every rerun with JSONDecodeError."""
+    ck, base = small_run
+    out = _copy_of(base, tmp_path)
+    (stats,) = (out / "cache").glob("*.stats.jsonl")
+    stats.write_bytes(stats.read_bytes()[:-25])
+    capsys.readouterr()
+    assert eval_gsm8k.main(["--checkpoint", str(ck), *SMALL, "--output", str(out)]) == 0
+    assert _batches_generated(capsys.readouterr().out) == 1  # the one request whose record was torn
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("seconds", "compile_seconds")}
+    assert [strip(r) for r in _rows(out)] == [strip(r) for r in _rows(base)]
+
+
+def test_a_lock_left_by_a_dead_run_is_taken_over_and_a_live_one_refuses(tmp_path):
+    """#8 item 8: two runs into one --output used to both redo everything and interleave their stats."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").write_text(json.dumps({"pid": 999999, "host": "elsewhere", "since": "yesterday"}))
+    first = eval_gsm8k.OutputDir(out)
+    note = first.claim()
+    assert note.endswith("left by a run that ended without releasing it (pid 999999 on elsewhere since yesterday)")
+    assert json.loads((out / ".lock").read_text())["pid"] == os.getpid()
+    with pytest.raises(eval_gsm8k.UserError, match=rf"--output {out} is in use by another eval \(pid {os.getpid()} "):
+        eval_gsm8k.OutputDir(out).claim()
+    first.release()
+    assert not (out / ".lock").exists()
+    again = eval_gsm8k.OutputDir(out)
+    assert again.claim() is None
+    again.release()
+
+
+def test_truncate_fewshot_fits_over_long_prompts_and_counts_them(small_run, tmp_path):
+    """#8 item 4: over-long prompts used to be cut from the left, silently, losing BOS and the chat header."""
+    ck, _ = small_run
+    out = tmp_path / "out"
+    assert eval_gsm8k.main(["--checkpoint", str(ck), *SMALL, "--num-fewshot", "30", "--truncate-fewshot",
+                            "--output", str(out)]) == 0
+    rows = _rows(out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["truncate_fewshot"] is True
+    assert summary["strategies"]["threshold"]["truncated"] == sum(r["fewshot_dropped"] > 0 for r in rows) == 4
+    assert all(0 < r["fewshot_dropped"] < 30 and r["prompt_tokens"] <= 512 - 64 for r in rows)
+
+
+def test_fewshot_examples_drawn_from_the_test_file_never_hold_the_problem_itself(tmp_path):
+    from lm_eval.tasks import TaskManager
+
+    data = tmp_path / "test.jsonl"  # no train.jsonl beside it: examples come from this file
+    data.write_text("".join(json.dumps({"question": f"Problem number {n}: what is {n} + 1?", "answer": f"#### {n + 1}"})
+                            + "\n" for n in range(4)))
+    name, include = eval_gsm8k.local_task(tmp_path / "out", data, data)
+    task = TaskManager(include_path=str(include), include_defaults=False).load([name])["tasks"][name]
+    task.set_config(key="num_fewshot", value=3)
+    task.build_all_requests(limit=None, rank=0, world_size=1)
+    assert len(task.instances) == 4
+    for inst in task.instances:
+        context = inst.args[0]
+        assert context.count("Problem number") == 4 and context.count(inst.doc["question"]) == 1
+
+
+def test_ctrl_c_keeps_what_is_done_says_so_in_one_line_and_the_rerun_resumes(small_run, tmp_path, capsys):
+    ck, _ = small_run
+    out = tmp_path / "out"
+    args = ["--checkpoint", str(ck), "--limit", "40", "--batch-size", "2", "--strategies", "threshold",
+            "--no-compile-cache", "--output", str(out)]
+    p = subprocess.Popen([sys.executable, "experiments/eval_gsm8k.py", *args], cwd=REPO, env=OFFLINE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not any(f.stat().st_size for f in out.glob("cache/*.stats.jsonl")):  # the first batch is done
+        assert p.poll() is None and time.time() < deadline, p.communicate()[1][-3000:]
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    m = re.fullmatch(rf"interrupted \(Ctrl-C\): kept (\d+) answers generated by this run \(and all earlier ones\) "
+                     rf"in {out}/cache; rerun the same command to resume", last)
+    assert m, last
+    (db,) = out.glob("cache/*.db")
+    from sqlitedict import SqliteDict
+    with SqliteDict(str(db)) as d:
+        cached = sum(isinstance(v, str) for v in d.values())
+    assert 2 <= int(m.group(1)) <= cached < 40
+    assert not (out / ".lock").exists() and not (out / "summary.json").exists()
+    capsys.readouterr()
+    assert eval_gsm8k.main(args) == 0
+    assert _batches_generated(capsys.readouterr().out) == -(-(40 - cached) // 2)  # only what was not kept
+    assert len(_rows(out)) == 40

@@ -1,18 +1,17 @@
 """The lm-eval adapter on the embedded model: lm-eval's own task, filters and cache around our generate()."""
 
+import dataclasses
 import json
-import os
 import re
-import subprocess
-import sys
+import types
 
+import jax
 import numpy as np
 import pytest
 
 import localleap_jax as ll
-from conftest import REPO
 from localleap_jax.checkpoint import EMBEDDED
-from localleap_jax.lm_eval_adapter import GenerationOnlyError, LocalLeapLM, cut_at_until
+from localleap_jax.lm_eval_adapter import GenerationOnlyError, LocalLeapLM, ModelArgsError, cut_at_until
 
 DECODE = dict(strategy="localleap", gen_length=64, block_length=16)
 
@@ -40,7 +39,10 @@ def _evaluate(lm, local_task, **kw):
     from lm_eval.tasks import TaskManager
 
     name, include = local_task
-    return lm_eval.simple_evaluate(model=lm, tasks=[name], task_manager=TaskManager(include_path=str(include)),
+    # include_defaults=False: the local task includes the stock gsm8k.yaml by path (indexing every stock task
+    # would cost half a minute per call)
+    return lm_eval.simple_evaluate(model=lm, tasks=[name], task_manager=TaskManager(include_path=str(include),
+                                                                                    include_defaults=False),
                                    num_fewshot=0, log_samples=True, bootstrap_iters=0, **kw)
 
 
@@ -110,26 +112,245 @@ def test_rerun_with_the_cache_makes_no_model_call_and_an_interrupted_run_resumes
     assert len(again.stats) == 12  # NFE/seconds of every request survive in the stats file
 
 
-def test_loglikelihood_tasks_end_with_one_clear_line(tmp_path):
-    (tmp_path / "mc.jsonl").write_text(json.dumps({"q": "1 + 1 =", "choices": ["2", "3"], "label": 0}) + "\n")
-    (tmp_path / "mc_local.yaml").write_text(
-        "task: mc_local\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
-        f"    test: {json.dumps(str(tmp_path / 'mc.jsonl'))}\n"
-        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{q}}'\ndoc_to_choice: '{{choices}}'\n"
-        "doc_to_target: label\nmetric_list:\n  - metric: acc\n")
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, "-m", "localleap_jax.lm_eval_adapter", "--model", "localleap",
-                        "--model_args", "checkpoint=embedded,compile_cache=False", "--tasks", "mc_local",
-                        "--include_path", str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 2, r.stderr[-2000:]
-    last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: localleap generates only: task(s) mc_local ask for log-likelihoods")
-    assert "Traceback" not in r.stderr
-
-
 def test_unknown_model_args_are_named(embedded):
-    with pytest.raises(TypeError, match=r"unknown model_args \['kapa'\]"):
+    with pytest.raises(ModelArgsError, match=r"unknown model_args key 'kapa' \(did you mean 'kappa'\?\)"):
         LocalLeapLM(model=embedded, compile_cache=False, kapa=0.9)
     with pytest.raises(GenerationOnlyError):
         LocalLeapLM(model=embedded, compile_cache=False).loglikelihood([])
+
+
+# ---------------------------------------------------------------- issue #8: answers are never missing (item 1)
+
+
+def _ask(*contexts, doc=None):
+    from lm_eval.api.instance import Instance
+
+    return [Instance("generate_until", doc or {}, (c, {"until": ["Question:"]}), i) for i, c in enumerate(contexts)]
+
+
+QUESTION = "Question: Mia has 3 pens. She buys 4 more pens. How many pens does Mia have now?\nAnswer:"
+
+
+@pytest.mark.parametrize("batch_size", [-1, 0, "many", 2.5, True])
+def test_a_batch_size_that_is_not_a_positive_integer_is_refused(embedded, batch_size):
+    with pytest.raises(ModelArgsError, match=r"model_args batch_size: expected an integer"):
+        LocalLeapLM(model=embedded, batch_size=batch_size, compile_cache=False, progress=False, **DECODE)
+
+
+def test_generate_until_fails_rather_than_return_a_missing_answer(embedded):
+    lm = LocalLeapLM(model=embedded, compile_cache=False, progress=False, **DECODE)
+    lm.batch_size = -1  # what an unchecked --batch-size -1 reached: no batch ran, every answer None
+    with pytest.raises(AssertionError, match=r"left 1 of 1 requests unanswered"):
+        lm.generate_until(_ask(QUESTION))
+
+
+def _answer_keys(db_path) -> list[str]:
+    from sqlitedict import SqliteDict
+
+    with SqliteDict(db_path) as db:
+        return [k for k, v in db.items() if isinstance(v, str)]
+
+
+def test_a_response_cache_holding_missing_answers_generates_them_again(embedded, local_task, tmp_path):
+    from sqlitedict import SqliteDict
+
+    cache = str(tmp_path / "cache" / "localleap")
+    first = LocalLeapLM(model=embedded, batch_size=8, compile_cache=False, progress=False, **DECODE)
+    res = _evaluate(first, local_task, use_cache=cache, limit=8)
+    with SqliteDict(cache + "_rank0.db", autocommit=True) as db:
+        for k in _answer_keys(cache + "_rank0.db")[:3]:
+            db[k] = None  # what `--batch-size -1` left behind; every later run died on lm-eval's assert
+    again = LocalLeapLM(model=embedded, batch_size=8, compile_cache=False, progress=False, **DECODE)
+    res2 = _evaluate(again, local_task, use_cache=cache, limit=8)
+    assert again.rows_generated == 3
+    name = local_task[0]
+    answers = lambda r: [s["resps"][0][0] for s in r["samples"][name] if s["filter"] == "strict-match"]
+    assert answers(res2) == answers(res) and all(isinstance(a, str) for a in answers(res2))
+    assert len(_answer_keys(cache + "_rank0.db")) == 8
+
+
+# ---------------------------------------------------------------- what answers depend on (item 2)
+
+
+def test_a_response_cache_of_another_setup_is_refused_before_generating(embedded, local_task, tmp_path):
+    from localleap_jax.lm_eval_adapter import CacheMismatchError
+
+    cache = str(tmp_path / "cache" / "localleap")
+    _evaluate(LocalLeapLM(model=embedded, batch_size=8, compile_cache=False, progress=False, **DECODE), local_task,
+              use_cache=cache, limit=4)
+    other = LocalLeapLM(model=embedded, batch_size=8, compile_cache=False, progress=False, **{**DECODE, "kappa": 0.8})
+    with pytest.raises(CacheMismatchError, match=r"holds answers of another setup \(decode\.kappa differ\)"):
+        _evaluate(other, local_task, use_cache=cache, limit=4)
+    assert other.model_calls == 0
+    # a cache with answers but no record of who wrote them (an older version) is not taken on trust
+    from lm_eval.api.model import CacheHook
+    from sqlitedict import SqliteDict
+
+    with SqliteDict(str(tmp_path / "old.db"), autocommit=True) as db:
+        db["some request"] = "an answer from who knows which model"
+        with pytest.raises(CacheMismatchError, match=r"holds answers with no record of the model and settings"):
+            other.set_cache_hook(CacheHook(types.SimpleNamespace(dbdict=db)))
+
+
+@pytest.fixture(scope="module")
+def variants(embedded, tmp_path_factory):
+    """Checkpoints that differ from the embedded one in one way each (or, `moved`, in none but the path)."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("variants")
+    made = {}
+    for name, edit in {
+        "moved": None,
+        "tokenizer": ("chat_template.jinja", lambda text: text.replace("assistant", "helper")),
+        "model_config": ("config.json", lambda text: text.replace('"rope_theta": 10000.0', '"rope_theta": 20000.0')),
+    }.items():
+        shutil.copytree(EMBEDDED, root / name)
+        if edit:
+            f = root / name / edit[0]
+            changed = edit[1](f.read_text())
+            assert changed != f.read_text()
+            f.write_text(changed)
+        made[name] = ll.load(root / name, dtype="float32")
+    made["bfloat16"] = ll.load(EMBEDDED, dtype="bfloat16")
+    return made
+
+
+BATCH = {"batch_size": 8, "devices": 1}
+
+
+def _key(model, *, chat=True, seed=0, truncate=False, batch=BATCH, task=None, **decode):
+    from localleap_jax.lm_eval_adapter import answers_key, key_digest
+
+    cfg = ll.DecodeConfig(**{**DECODE, **decode})
+    return key_digest(answers_key(model, cfg, chat=chat, seed=seed, truncate_fewshot=truncate, batch=batch, task=task))
+
+
+CHANGES_TOKENS = [dict(kappa=0.8), dict(tau=0.7), dict(radius=2), dict(gen_length=32), dict(block_length=8),
+                  dict(cache="prefix"), dict(temperature=0.5), dict(early_stop=True), dict(logits_eos_inf=True),
+                  dict(confidence_eos_eot_inf=True), dict(strategy="threshold"), dict(chat=False),
+                  dict(truncate="\n\n"), dict(task={"data": "abc"})]
+CHANGES_NOTHING = [dict(prompt_bucket=32), dict(batch={"batch_size": 2, "devices": 4, "limit": 10}), dict(seed=7)]
+
+
+@pytest.mark.parametrize("change", CHANGES_TOKENS, ids=lambda c: ",".join(c))
+def test_the_resume_key_follows_every_setting_that_changes_tokens(embedded, change):
+    assert _key(embedded, **change) != _key(embedded)
+
+
+@pytest.mark.parametrize("change", CHANGES_NOTHING, ids=lambda c: ",".join(c))
+def test_the_resume_key_ignores_settings_that_change_no_token(embedded, change):
+    assert _key(embedded, **change) == _key(embedded)
+
+
+def test_the_resume_key_follows_the_model_and_only_what_matters_of_the_settings(embedded, variants):
+    # the weights, wherever they live
+    assert _key(variants["moved"]) == _key(embedded)
+    for name in ("tokenizer", "model_config", "bfloat16"):
+        assert _key(variants[name]) != _key(embedded), name
+    in_memory = dataclasses.replace(embedded, path=None)
+    nudged = jax.tree.map(lambda a: a, embedded.params)
+    nudged["ln_f"]["scale"] = nudged["ln_f"]["scale"] * 1.001
+    assert _key(dataclasses.replace(in_memory, params=nudged)) != _key(in_memory)
+    # a strategy's key holds the settings it reads, not the others
+    assert _key(embedded, strategy="low_confidence", kappa=0.5, radius=1) == _key(embedded, strategy="low_confidence")
+    assert _key(embedded, strategy="low_confidence", steps=16) != _key(embedded, strategy="low_confidence")
+    assert _key(embedded, strategy="threshold", tau=0.5, radius=1) == _key(embedded, strategy="threshold")
+    # rows of a batch change each other's tokens with a KV cache (they advance together) and when sampling
+    other_batch = {"batch_size": 2, "devices": 1}
+    assert _key(embedded, cache="prefix", batch=other_batch) != _key(embedded, cache="prefix")
+    assert _key(embedded, temperature=0.5, seed=1) != _key(embedded, temperature=0.5)
+
+
+# ---------------------------------------------------------------- prompts that do not fit (item 4)
+
+
+def test_a_gen_length_beyond_the_model_names_the_cause(embedded):
+    with pytest.raises(ModelArgsError, match=r"gen_length=512 leaves no room for a prompt: the model's "
+                                             r"max_sequence_length is 512"):
+        LocalLeapLM(model=embedded, compile_cache=False, progress=False, strategy="threshold", gen_length=512,
+                    block_length=16)
+
+
+def test_over_long_prompts_are_refused_before_anything_is_generated(embedded):
+    from localleap_jax.lm_eval_adapter import PromptTooLongError
+
+    lm = LocalLeapLM(model=embedded, compile_cache=False, progress=False, **DECODE)  # room: 512 - 64 = 448
+    long_ones = [f"Question: {'one two three ' * n}how many?\nAnswer:" for n in (120, 200)]
+    over = [len(embedded.tokenizer.encode(c)) - 448 for c in long_ones]
+    assert min(over) > 0
+    with pytest.raises(PromptTooLongError) as e:
+        lm.generate_until(_ask(QUESTION, *long_ones))
+    assert str(e.value).startswith(f"2 of 3 prompts are longer than the 448 tokens the model leaves for a prompt "
+                                   f"(max_sequence_length 512 - gen_length 64), by up to {max(over)} tokens; "
+                                   "pass truncate_fewshot=True")
+    assert lm.model_calls == 0
+
+
+def _gsm8k_context(examples, question, description=""):
+    """A context laid out as lm-eval's gsm8k task lays it out (doc_to_text, target delimiter " ", "\\n\\n")."""
+    shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in examples)
+    return description + shots + f"Question: {question}\nAnswer:"
+
+
+EXAMPLES = [(f"Tom has {n} pens.\n\nHe buys {n + 1} more. How many pens does he have?",
+             f"{n} + {n + 1} = <<{n}+{n + 1}={2 * n + 1}>>{2 * n + 1}\n#### {2 * n + 1}") for n in range(1, 31)]
+FINAL = "Ava has 5 cups.\n\nShe breaks 2 of them. How many cups are left?"
+
+
+def test_fewshot_spans_find_whole_examples_even_with_blank_lines_inside_them():
+    from localleap_jax.lm_eval_adapter import fewshot_spans
+
+    for description in ("", "Solve these problems.\n\n"):
+        context = _gsm8k_context(EXAMPLES[:3], FINAL, description)
+        starts, question = fewshot_spans(context, {"question": FINAL, "answer": "3"}, "\n\n")
+        example_lengths = [len(f"Question: {q}\nAnswer: {a}\n\n") for q, a in EXAMPLES[:3]]
+        expected = [len(description) + sum(example_lengths[:i]) for i in range(3)]
+        assert starts == expected
+        assert question == len(description) + sum(example_lengths)
+        assert context[question:] == f"Question: {FINAL}\nAnswer:"
+    assert fewshot_spans(f"Question: {FINAL}\nAnswer:", {"question": FINAL}, "\n\n") is None  # no examples
+    assert fewshot_spans(_gsm8k_context(EXAMPLES[:3], FINAL), {}, "\n\n") is None  # the question cannot be found
+
+
+def test_truncate_fewshot_drops_whole_examples_from_the_front_and_keeps_the_template(embedded):
+    tok = embedded.tokenizer
+    context = _gsm8k_context(EXAMPLES, FINAL)
+    assert len(tok.encode(context)) > 448
+    # independently: the fewest leading examples whose removal makes the chat-formatted prompt fit
+    dropped = next(d for d in range(len(EXAMPLES)) if len(tok.encode(_gsm8k_context(EXAMPLES[d:], FINAL))) <= 448)
+    assert 0 < dropped < len(EXAMPLES) - 1
+    lm = LocalLeapLM(model=embedded, compile_cache=False, progress=False, truncate_fewshot=True, **DECODE)
+    (prompt,) = lm._fit_prompts(_ask(context, doc={"question": FINAL, "answer": "#### 3"}))
+    assert prompt.fewshot_dropped == dropped
+    assert prompt.ids == tok.encode(_gsm8k_context(EXAMPLES[dropped:], FINAL))
+    text = tok.hf.decode(prompt.ids)
+    assert text.startswith("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nQuestion: Tom has")
+    assert text.endswith(f"Question: {FINAL}\nAnswer:<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+# ---------------------------------------------------------------- the stats log (item 7)
+
+
+def test_a_torn_last_stats_record_is_dropped_and_the_log_stays_appendable(embedded, tmp_path):
+    path = tmp_path / "s.stats.jsonl"
+    good = [json.dumps({"key": "a", "nfe": 3}), "{not json", json.dumps({"key": "b", "nfe": 4})]
+    path.write_text("\n".join(good) + "\n" + '{"key": "c", "nf')  # killed in the middle of a write
+    lm = LocalLeapLM(model=embedded, stats_path=str(path), compile_cache=False, progress=False, **DECODE)
+    assert set(lm.stats) == {"a", "b"}
+    assert path.read_text() == "\n".join(good) + "\n"
+    lm._append_stats([{"key": "d", "nfe": 1}])
+    assert path.read_text().splitlines()[-1] == json.dumps({"key": "d", "nfe": 1})
+
+
+def test_an_answer_is_cached_only_after_its_stats_are_written(embedded, local_task, tmp_path):
+    cache = str(tmp_path / "cache" / "localleap")
+    lm = LocalLeapLM(model=embedded, batch_size=8, compile_cache=False, progress=False,
+                     stats_path=cache + ".stats.jsonl", **DECODE)
+
+    def full_disk(rows):
+        raise OSError(28, "No space left on device")
+
+    lm._append_stats = full_disk
+    with pytest.raises(OSError, match="No space left"):
+        _evaluate(lm, local_task, use_cache=cache, limit=4)
+    assert lm.model_calls == 1 and _answer_keys(cache + "_rank0.db") == []
