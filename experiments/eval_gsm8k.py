@@ -94,6 +94,11 @@ def seed(text: str) -> int:
     return value
 
 
+def split_specs(text: str) -> list[str]:
+    from localleap_jax.rules import split_specs as split
+    return split(text)
+
+
 def names(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
 
@@ -109,7 +114,10 @@ def parse_args(argv=None):
     ap.add_argument("--fewshot-data", help="JSONL to draw few-shot examples from (default: train.jsonl beside --data, "
                                            "else --data itself, never a problem's own example)")
     ap.add_argument("--strategies", default="low_confidence,threshold,localleap",
-                    help="comma-separated; the first is the baseline of the ratios (default: %(default)s)")
+                    help="comma-separated rules, each a name with optional settings, e.g. "
+                         "localleap,threshold:kappa=0.8,eb:gamma=0.01,klass:tau_c=0.6,tau_kl=0.015; the first is the "
+                         "baseline of the ratios (default: %(default)s; names: low_confidence, threshold, localleap, "
+                         "factor, eb, margin, entropy, klass, stable)"),
     ap.add_argument("--limit", type=positive, help="evaluate only the first N problems")
     ap.add_argument("--batch-size", type=positive, default=32)
     ap.add_argument("--gen-length", type=positive, help="generation canvas (default 256; the embedded model's own: 64)")
@@ -118,10 +126,12 @@ def parse_args(argv=None):
     ap.add_argument("--truncate-fewshot", action="store_true",
                     help="drop few-shot examples from the front of a prompt that is too long for the model (counted "
                          "in summary.json) instead of refusing the run")
-    ap.add_argument("--steps", type=positive, help="low_confidence steps (default gen_length: one token per step)")
-    ap.add_argument("--kappa", type=probability, default=0.9, help="anchor / threshold confidence (default 0.9)")
-    ap.add_argument("--tau", type=probability, default=0.75, help="relaxed threshold near an anchor (default 0.75)")
-    ap.add_argument("--radius", type=count, default=4, help="W, the anchor neighbourhood (default 4)")
+    ap.add_argument("--steps", type=positive, help="steps of the rules on LLaDA's schedule (low_confidence, margin, "
+                                                   "entropy, klass; default gen_length: one token per step)")
+    ap.add_argument("--kappa", type=probability, help="anchor / threshold confidence of the rules that take it "
+                                                      "(default: the rule's, 0.9); a rule's own setting wins")
+    ap.add_argument("--tau", type=probability, help="relaxed threshold near an anchor (localleap; default 0.75)")
+    ap.add_argument("--radius", type=count, help="W, the anchor neighbourhood (localleap; default 4)")
     ap.add_argument("--cache", default="none",
                     help="KV cache: none, prefix or dual (default none); a comma-separated list runs each, names the "
                          "rows strategy+cache and reports the fraction of outputs identical to the first mode's")
@@ -132,7 +142,7 @@ def parse_args(argv=None):
     ap.add_argument("--no-compile-cache", action="store_true", help="do not use JAX's persistent compilation cache")
     ap.add_argument("--seed", type=seed, default=0)
     args = ap.parse_args(argv)
-    args.strategies, args.caches = names(args.strategies), names(args.cache)
+    args.strategies, args.caches = split_specs(args.strategies), names(args.cache)
     for flag, given in (("--strategies", args.strategies), ("--cache", args.caches)):
         if not given:
             ap.error(f"argument {flag}: no names given")
@@ -383,8 +393,7 @@ def decode_config(strategy: str, cache_mode: str, args):
     from localleap_jax import DecodeConfig
 
     return DecodeConfig(strategy=strategy, gen_length=args.gen_length, block_length=args.block_length,
-                        kappa=args.kappa, tau=args.tau, radius=args.radius,
-                        steps=args.steps if strategy == "low_confidence" else None,
+                        kappa=args.kappa, tau=args.tau, radius=args.radius, steps=args.steps,
                         early_stop=args.early_stop, cache=cache_mode)
 
 
@@ -454,7 +463,7 @@ def run_strategy(model, strategy: str, cache_mode: str, args, task: str, include
 
     cfg = decode_config(strategy, cache_mode, args)
     key = resume_key(model, cfg, args, data_id)
-    cache = out / "cache" / f"{strategy}-{key_digest(key)[:12]}"
+    cache = out / "cache" / f"{re.sub(r'[^A-Za-z0-9_.=-]+', '_', strategy)}-{key_digest(key)[:12]}"
     batches = 0
     for _ in range(2):
         lm, samples = evaluate_once(model, cfg, key, cache, args, task, include, progress)
@@ -578,19 +587,15 @@ def check_settings(args, manifest: dict) -> None:
     import localleap_jax as ll
     from localleap_jax.decode import DecodeError
 
-    unknown = [s for s in args.strategies if s not in ll.STRATEGIES]
-    if unknown:
-        raise UserError(f"--strategies: unknown strategy {', '.join(unknown)}; choose from "
-                        f"{', '.join(sorted(ll.STRATEGIES))}")
     defaults = {**DEFAULTS, **manifest.get("eval_defaults", {})}
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    try:
-        ll.DecodeConfig(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
-                        kappa=args.kappa, tau=args.tau, radius=args.radius).validate()
-    except DecodeError as e:
-        raise UserError(str(e)) from None
+    for strategy in args.strategies:
+        try:
+            decode_config(strategy, args.caches[0], args).validate()
+        except DecodeError as e:
+            raise UserError(f"--strategies {strategy}: {e}") from None
 
 
 def run(args, progress: Progress) -> int:

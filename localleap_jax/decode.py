@@ -35,6 +35,7 @@ from localleap_jax.config import ModelConfig
 from localleap_jax.denoiser import Denoiser, ModelDenoiser
 from localleap_jax.model import CacheWrite, positions_from_mask
 from localleap_jax.rules import DecodeError, Signals, most_confident
+from localleap_jax.rules.base import check_settings
 from localleap_jax.trace import Trace
 
 CACHE_MODES = ("none", "prefix", "dual")
@@ -103,9 +104,11 @@ class DecodeConfig:
             bad(f"temperature={self.temperature} must be >= 0")
         if self.prompt_bucket <= 0:
             bad(f"prompt_bucket={self.prompt_bucket} must be positive")
-        # The deprecated fields keep their old checks even where the named rule ignores them.
+        # The deprecated fields keep their range checks even where the named rule ignores them.
         legacy = {k: getattr(self, k) for k in ("kappa", "tau", "radius") if getattr(self, k) is not None}
-        rules.LocalLeap(**legacy).validate()
+        check_settings(rules.LocalLeap(**legacy))
+        if self.kappa is not None and self.tau is not None and self.tau > self.kappa:
+            bad(f"tau={self.tau} > kappa={self.kappa}: the relaxed threshold must not be stricter than the anchor")
         rules.LowConfidence(self.steps).validate(self.gen_length, self.block_length)
         self.rule.validate(self.gen_length, self.block_length)
         return self

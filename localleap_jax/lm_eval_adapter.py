@@ -48,6 +48,9 @@ from tqdm import tqdm
 from localleap_jax.checkpoint import CheckpointError, Model, load, params_fingerprint, read_manifest, resolve_checkpoint
 from localleap_jax.config import ConfigError
 from localleap_jax.decode import DecodeConfig, DecodeError
+from localleap_jax.rules import RULES
+from localleap_jax.rules.base import make_spec, settings_of
+from localleap_jax.rules.registry import parse_spec, parse_value
 from localleap_jax.parallel import generate_parallel
 from localleap_jax.tokenizer import BOS_TOKEN, TOKENIZER_FILES, TokenizerError, cut_at_stop, left_pad
 
@@ -196,7 +199,16 @@ ADAPTER_ARGS: dict[str, tuple[Callable, Any]] = {
 PYTHON_ONLY_ARGS = ("model", "on_batch", "answers_key")
 
 _DECODE_PARSERS = {"int": functools.partial(_as_int, low=None), "float": _as_float, "bool": _as_bool, "str": _as_str,
-                   "int | None": _as_optional(_as_int)}
+                   "int | None": _as_optional(_as_int), "float | None": _as_optional(_as_float)}
+
+
+def _rule_settings(strategy) -> set[str]:
+    """The settings the named rule takes (so `tau_kl=0.05` may follow `strategy=klass` in model_args:
+    lm-eval splits model_args at commas, so a spec's second setting arrives as a key of its own)."""
+    if not isinstance(strategy, str):
+        return set()
+    cls = RULES.get(parse_spec(strategy)[0]) if ":" in strategy or strategy in RULES else None
+    return set(settings_of(cls())) if dataclasses.is_dataclass(cls) else set()
 
 
 def _decode_parser(field: dataclasses.Field) -> Callable:
@@ -211,8 +223,12 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
     Every unknown name and every badly typed value is reported in one ModelArgsError, so a command
     line is fixed in one go; nothing is loaded here, so the command line can check it first."""
     decode_fields = {f.name: f for f in dataclasses.fields(DecodeConfig)}
-    known = sorted(set(ADAPTER_ARGS) | set(decode_fields))
-    problems, settings, decode = [], {}, {}
+    try:
+        rule_keys = _rule_settings(given.get("strategy", DecodeConfig.strategy)) - set(decode_fields)
+    except DecodeError as e:
+        raise ModelArgsError(f"model_args strategy: {e}") from None
+    known = sorted(set(ADAPTER_ARGS) | set(decode_fields) | rule_keys)
+    problems, settings, decode, rule_extra = [], {}, {}, {}
     unknown = [name for name in given if name not in known]
     for name in unknown:
         near = difflib.get_close_matches(name, known, n=1)
@@ -222,6 +238,8 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
             parse, target = ADAPTER_ARGS[name][0], settings
         elif name in decode_fields:
             parse, target = _decode_parser(decode_fields[name]), decode
+        elif name in rule_keys:
+            parse, target = (lambda v: parse_value(v) if isinstance(v, str) else v), rule_extra
         else:
             continue
         try:
@@ -233,6 +251,9 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
     if problems:
         raise ModelArgsError("; ".join(problems))
     settings = {name: settings.get(name, default) for name, (_, default) in ADAPTER_ARGS.items()}
+    if rule_extra:  # fold the rule's own settings into its spec: "klass:tau_c=0.5" + tau_kl=0.05
+        name, spec_settings = parse_spec(decode.get("strategy", DecodeConfig.strategy))
+        decode["strategy"] = make_spec(name, {**spec_settings, **rule_extra})
     try:
         cfg = DecodeConfig(**decode).validate()
     except DecodeError as e:
@@ -249,27 +270,21 @@ def check_gen_length(model: Model, cfg: DecodeConfig) -> None:
 
 # ---------------------------------------------------------------- what the answers depend on
 
-# The DecodeConfig fields each built-in strategy reads; an unknown (user-registered) one may read any.
-STRATEGY_SETTINGS = {"low_confidence": ("steps",), "threshold": ("kappa",), "localleap": ("kappa", "tau", "radius")}
-RULE_SETTINGS = ("kappa", "tau", "radius", "steps")
 ENCODING_FILES = tuple(f for f in TOKENIZER_FILES if f != "generation_config.json")  # what decides token ids
 CACHE_OWNER = "localleap_jax/answers_key"  # the entry of a response cache naming the setup that wrote it
 
 
 def decode_settings(cfg: DecodeConfig) -> dict:
-    """The DecodeConfig fields that change tokens. (With rule objects: `return cfg.fingerprint()`.)
-
-    Left out: prompt_bucket (left padding, which attention masks out) and the settings the strategy
-    does not read."""
-    used = STRATEGY_SETTINGS.get(cfg.strategy, RULE_SETTINGS)
-    skip = {"prompt_bucket"} | (set(RULE_SETTINGS) - set(used))
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in skip}
+    """What in the DecodeConfig changes tokens: its fields and the rule's every setting (not prompt_bucket:
+    left padding, which attention masks out)."""
+    return cfg.fingerprint()
 
 
 def rows_interact(cfg: DecodeConfig) -> bool:
-    """Whether a row's tokens depend on which rows share its batch: with a KV cache the rows advance
-    through blocks together, and sampling draws one key per batch."""
-    return cfg.cache != "none" or cfg.temperature > 0
+    """Whether a row's tokens depend on which rows share its batch: sampling draws one key per batch.
+    (With a KV cache the rows advance through blocks together, but a row only waits, with its own
+    canvas and cache unchanged, so its tokens do not depend on the others: tests/test_decode_loop.py.)"""
+    return cfg.temperature > 0
 
 
 def _sha256_files(paths) -> str:

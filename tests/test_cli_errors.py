@@ -287,7 +287,8 @@ ROWS = [
      r"^--num-fewshot 3: \S*/good.jsonl offers only 2 few-shot examples per problem$"),
     # the checkpoint and the decoding settings
     ("checkpoint-missing", "eval --checkpoint {tmp}/nope", r"no checkpoint at \S*/nope"),
-    ("strategy-unknown", "eval --strategies low_confidence,greedy", r"^--strategies: unknown strategy greedy"),
+    ("strategy-unknown", "eval --strategies low_confidence,greedy", r"^--strategies greedy: unknown strategy .greedy."),
+    ("strategy-setting", "eval --strategies threshold:kapa=0.8", r"^--strategies threshold:kapa=0.8: threshold has no setting kapa"),
     ("gen-length-not-a-multiple", "eval --gen-length 60", r"gen_length=60 is not a multiple of block_length=16"),
     ("steps-not-a-multiple", "eval --steps 3", r"steps=3 is not a positive multiple of the number of blocks"),
     ("tau-above-kappa", "eval --tau 0.95", r"tau=0.95 > kappa=0.9"),
@@ -306,7 +307,7 @@ ROWS = [
     ("adapter-batch-size", f"{ADAPTER} --batch_size -1 --tasks gsm8k", r"model_args batch_size: expected an integer >= 1"),
     ("adapter-model-from-command-line", "adapter --model localleap --model_args model=x,on_batch=y --tasks gsm8k",
      r"model_args model, on_batch cannot be given on the command line"),
-    ("adapter-kappa-out-of-range", f"{ADAPTER},kappa=2 --tasks gsm8k", r"^model_args: kappa=2.0 must lie in \(0, 1\]"),
+    ("adapter-kappa-out-of-range", f"{ADAPTER},kappa=2 --tasks gsm8k", r"^model_args: localleap: kappa=2.0 must lie in \(0, 1\]"),
     ("adapter-stats-path-unwritable", f"{ADAPTER},stats_path=/sys/localleap/stats.jsonl --tasks gsm8k_mini "
                                       "--include_path {tmp}/tasks", r"^model_args stats_path: cannot write /sys/"),
     ("adapter-checkpoint-missing", "adapter --model localleap --model_args checkpoint={tmp}/nope --tasks gsm8k_mini "

@@ -193,6 +193,12 @@ def _format(v) -> str:
     return "[" + ";".join(_format(x) for x in arr) + "]"
 
 
+def make_spec(name: str, settings: dict[str, Any]) -> str:
+    """'name:setting=value,...' (sorted; None settings left out): the string form `rule()` parses."""
+    items = sorted((k, v) for k, v in settings.items() if v is not None)
+    return name + (":" + ",".join(f"{k}={_format(v)}" for k, v in items) if items else "")
+
+
 class RuleBase:
     """Mixin for rule dataclasses: `name`, `clause_names`, `spec()`, `validate()`, stateless `init`."""
 
@@ -213,8 +219,7 @@ class RuleBase:
 
     def spec(self) -> str:
         """'name:setting=value,...' with every setting, sorted: parses back with `rule(...)`."""
-        items = sorted((k, v) for k, v in settings_of(self).items() if v is not None)
-        return self.name + (":" + ",".join(f"{k}={_format(v)}" for k, v in items) if items else "")
+        return make_spec(self.name, settings_of(self))
 
 
 class Rule(Protocol):
