@@ -383,3 +383,51 @@ def test_dream_caches_are_exact_where_they_cannot_go_stale(one_layer_dream, cach
             eos_id=model.config.eos_token_id, eot_id=model.tokenizer.eot_id, vocab_limit=model.tokenizer.vocab_size,
             **base)
         np.testing.assert_array_equal(want.tokens[r, want.prompt_length:], x[0, len(prompt):].numpy())
+
+
+# ---------------------------------------------------------------- LLaDA's switches on a model that emits EOS and EOT
+
+
+@pytest.fixture(scope="module")
+def embedded_with_twin():
+    """The shipped trained model (it ends answers with EOT and pads with EOS) and its torch twin."""
+    import synthetic_math
+    from localleap_jax.checkpoint import EMBEDDED
+    from localleap_jax.families import hf_tensors
+
+    model = ll.load(EMBEDDED, dtype="float32")
+    tensors = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in hf_tensors(model.params, model.config).items()}
+    twin = reference_torch.llama_from_llada(model.config.to_hf_dict(), tensors)
+    problems = synthetic_math.take("test", 6, seed=3)
+    prompts = [model.tokenizer.encode(f"Question: {p['question']}\nAnswer:") for p in problems]
+    return model, twin, prompts
+
+
+@pytest.mark.parametrize("setting", [
+    dict(strategy="threshold", early_stop=True),
+    dict(strategy="localleap", early_stop=True, confidence_eos_eot_inf=True),
+    dict(strategy="low_confidence", steps=32, early_stop=True, confidence_eos_eot_inf=True),
+    dict(strategy="localleap", logits_eos_inf=True),
+], ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
+def test_llada_switches_and_early_stop_match_the_eager_loop_where_eos_and_eot_happen(embedded_with_twin, setting):
+    """Early stop, confidence_eos_eot_inf and logits_eos_inf decide tokens only on a model that predicts EOS
+    and EOT: the embedded one does. Each row equals the eager loop, and the cases really happen."""
+    model, twin, prompts = embedded_with_twin
+    G, T = 64, 16
+    eos, eot = model.config.eos_token_id, model.tokenizer.eot_id
+    ids, mask = left_pad(prompts, model.config.pad_token_id)
+    out = ll.generate(model, ids, mask, ll.DecodeConfig(gen_length=G, block_length=T, **setting))
+    gen = out.tokens[:, out.prompt_length:]
+    for r, prompt in enumerate(prompts):
+        tokens, nfe = _oracle(twin, model, prompt, dict(setting, gen_length=G, block_length=T))
+        np.testing.assert_array_equal(gen[r], tokens, err_msg=f"row {r}")
+        assert out.nfe[r] == nfe, f"row {r}"
+    if setting.get("logits_eos_inf"):
+        assert not (gen == eos).any() and (gen == eot).any()  # EOS never predicted; the answer still ends (EOT)
+        return
+    assert (gen == eos).any(axis=1).all() and (gen == eot).any()
+    stop_blocks = [int(np.argmax(row == eos)) // T for row in gen]
+    assert len(set(stop_blocks)) > 1  # rows stop in different blocks
+    for row, b, n in zip(gen, stop_blocks, out.nfe):
+        assert (row[(b + 1) * T:] == eos).all()  # filled with EOS after the stop block
+        assert b < G // T - 1 and n < G  # the stop saved passes
