@@ -163,3 +163,46 @@ def test_tracing_off_leaves_the_program_without_trace_buffers():
     on, on_size = carry_shapes(True)
     assert (2, G, G) not in off and (2, G, G) in on  # the [B, S, G] buffers exist only when tracing
     assert set(off) <= set(on) and off_size < on_size
+
+
+def test_a_user_rule_is_a_few_lines_stateless_or_stateful():
+    """README's examples: a stateless rule from a function, a stateful one as a dataclass with a traced
+    setting; both run through the unchanged loop, and the stateful one sees its state reset per block."""
+    import flax
+    import jax.numpy as jnp
+
+    confident = ll.stateless(lambda s: s.candidates & (s.conf >= 0.8), name="confident")
+
+    @flax.struct.dataclass
+    class Steady(ll.rules.RuleBase):
+        k: int = ll.rules.setting(2, int, low=1)
+        name = "steady"
+
+        def init(self, batch, block, vocab):
+            return jnp.zeros((batch, block), jnp.int32), jnp.full((batch, block), -1, jnp.int32)
+
+        def update(self, s, state):
+            run, last = state
+            run = jnp.where(s.pred == last, run + 1, 1)
+            return s.candidates & (run >= ll.rules.per_row(self.k)), (run, s.pred)
+
+    model = scripted(_words(2), np.full((2, G), 0.85))
+    cfg = lambda rule: ll.DecodeConfig(strategy=rule, gen_length=G, block_length=T)  # noqa: E731
+    assert (ll.generate(model, *prompts(2), cfg(confident)).nfe == G // T).all()  # one pass per block
+    # k passes per block: the first k - 1 commit only the loop's fallback (one token), the k-th the rest.
+    for k in (2, 3):
+        assert (ll.generate(model, *prompts(2), cfg(Steady(k))).nfe == k * (G // T)).all()
+    with pytest.raises(ll.DecodeError, match="k=0 must lie in"):
+        ll.generate(model, *prompts(2), cfg(Steady(0)))
+
+
+def test_the_mask_token_is_never_predicted():
+    """A model whose best guess at some positions is the mask token itself: writing it would leave a hole
+    that stays masked. The loop takes the best other id instead, and every row completes."""
+    words = _words(1)
+    words[0, 2:5] = MASK
+    out = ll.generate(scripted(words, np.full((1, G), 0.95)), *prompts(1),
+                      ll.DecodeConfig(strategy="threshold", gen_length=G, block_length=T))
+    gen = out.tokens[0, out.prompt_length:]
+    assert not (gen == MASK).any() and out.nfe[0] < G
+    np.testing.assert_array_equal(np.delete(gen, [2, 3, 4]), np.delete(words[0], [2, 3, 4]))
