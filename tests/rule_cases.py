@@ -279,3 +279,19 @@ CASES: list[Case] = [
           Step(conf=(0.75, 0.75), pred=(7, 7), new_block=True, expect={0: "top1"})),
          note="without the reset, position 1 would have run 2"),
 ]
+
+
+# Settings under which every clause of every rule commits something on the tests' sharp random model (a
+# 2-layer LLaDA-layout model with its head scaled x20, gen 32, block 8): tests/test_decode.py and
+# tests/test_reference_rules.py check that each clause really happens there.
+EVERY_RULE = {
+    "low_confidence": dict(steps=16),
+    "threshold": dict(kappa=0.8),
+    "localleap": dict(kappa=0.9, tau=0.6, radius=3),
+    "factor": dict(f=1.0),
+    "eb": dict(gamma=0.3),
+    "margin": dict(steps=16),
+    "entropy": dict(steps=16),
+    "klass": dict(tau_c=0.5, tau_kl=0.05, history=1, steps=16),
+    "stable": dict(k=2, c_min=0.5),
+}

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import localleap_jax as ll
+from rule_cases import EVERY_RULE
 from localleap_jax import decode, reference_torch
 from localleap_jax.tokenizer import left_pad
 from conftest import random_llada_tensors, tiny_hf_config, write_hf_checkpoint
@@ -61,20 +62,6 @@ def test_left_padded_batch_matches_the_eager_oracle_row_by_row(sharp, setting):
         assert out.nfe[r] == want_nfe, f"row {r}"
     assert out.forward_passes == max(out.nfe)
     assert (out.tokens[:, :out.prompt_length] == ids).all()
-
-
-# Each rule with settings under which every clause commits something on the sharp model.
-EVERY_RULE = {
-    "low_confidence": dict(steps=16),
-    "threshold": dict(kappa=0.8),
-    "localleap": dict(kappa=0.9, tau=0.6, radius=3),
-    "factor": dict(f=1.0),
-    "eb": dict(gamma=0.3),
-    "margin": dict(steps=16),
-    "entropy": dict(steps=16),
-    "klass": dict(tau_c=0.5, tau_kl=0.05, history=1, steps=16),
-    "stable": dict(k=2, c_min=0.5),
-}
 
 
 @pytest.mark.parametrize("name", sorted(EVERY_RULE))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from localleap_jax import reference_rules as R
-from rule_cases import CASES, Case, expected_mask, signals
+from rule_cases import CASES, EVERY_RULE, Case, expected_mask, signals
 
 
 def _softmax64(logits: np.ndarray) -> np.ndarray:
@@ -180,18 +180,6 @@ def test_rules_keep_the_loop_contract_on_random_steps():
 
 PROMPTS = [[5, 17, 42, 99, 7], [120, 3, 3, 250, 11, 64, 8, 31, 200], [77, 12, 150]]
 
-# Settings under which every clause of every rule commits on the sharp random model (checked below).
-EVERY_RULE = {
-    "low_confidence": dict(steps=16),
-    "threshold": dict(kappa=0.8),
-    "localleap": dict(kappa=0.9, tau=0.6, radius=3),
-    "factor": dict(f=1.0),
-    "eb": dict(gamma=0.3),
-    "margin": dict(steps=16),
-    "entropy": dict(steps=16),
-    "klass": dict(tau_c=0.5, tau_kl=0.05, history=1, steps=16),
-    "stable": dict(k=2, c_min=0.5),
-}
 
 
 @pytest.fixture(scope="module")

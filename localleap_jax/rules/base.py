@@ -171,6 +171,19 @@ def check_settings(rule) -> None:
                 raise DecodeError(f"{what} must lie in {lo}, {hi}")
 
 
+def check_steps(rule, steps, gen_length: int | None, block_length: int | None) -> None:
+    """LLaDA's schedule needs a whole number of steps per block, and no step that commits nothing."""
+    if gen_length is None or block_length is None or isinstance(steps, jax.core.Tracer):
+        return
+    num_blocks = gen_length // block_length
+    for s in np.atleast_1d(np.asarray(steps)).tolist():
+        if s % num_blocks:
+            raise DecodeError(f"{rule.name}: steps={s} is not a positive multiple of the number of blocks "
+                              f"({num_blocks})")
+        if s > gen_length:
+            raise DecodeError(f"{rule.name}: steps={s} > gen_length={gen_length}: some steps would commit nothing")
+
+
 def settings_as_rows(rule, batch: int) -> dict[str, np.ndarray]:
     """Every (non-None) setting as an array of shape [batch], int32 or float32: the traced form."""
     out = {}
@@ -209,8 +222,11 @@ class RuleBase:
         return ()
 
     def validate(self, gen_length: int | None = None, block_length: int | None = None):
-        """Raise DecodeError for a setting this rule cannot run with (before anything compiles)."""
+        """Raise DecodeError for a setting this rule cannot run with (before anything compiles); a rule
+        on LLaDA's schedule (a `steps` setting) is also checked against the canvas."""
         check_settings(self)
+        if getattr(self, "steps", None) is not None:
+            check_steps(self, self.steps, gen_length, block_length)
         return self
 
     def with_rows(self, batch: int):

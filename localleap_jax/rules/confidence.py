@@ -12,19 +12,6 @@ from localleap_jax.rules.base import (DecodeError, RuleBase, Signals, first_clau
 from localleap_jax.rules.registry import register_rule
 
 
-def check_steps(rule, steps, gen_length: int | None, block_length: int | None) -> None:
-    """LLaDA's schedule needs a whole number of steps per block, and no step that commits nothing."""
-    if steps is None or gen_length is None or block_length is None or isinstance(steps, jax.core.Tracer):
-        return
-    num_blocks = gen_length // block_length
-    for s in jnp.atleast_1d(jnp.asarray(steps)).tolist():
-        if s % num_blocks:
-            raise DecodeError(f"{rule.name}: steps={s} is not a positive multiple of the number of blocks "
-                              f"({num_blocks})")
-        if s > gen_length:
-            raise DecodeError(f"{rule.name}: steps={s} > gen_length={gen_length}: some steps would commit nothing")
-
-
 @register_rule("low_confidence")
 @struct.dataclass
 class LowConfidence(RuleBase):
@@ -34,11 +21,6 @@ class LowConfidence(RuleBase):
 
     steps: int | None = setting(None, int, low=1, none_ok=True)
     clause_names = ("top1", "schedule")
-
-    def validate(self, gen_length=None, block_length=None):
-        super().validate()
-        check_steps(self, self.steps, gen_length, block_length)
-        return self
 
     def update(self, s: Signals, state):
         chosen = top_k(s.conf, s.candidates, s.quota(self.steps))

@@ -10,7 +10,6 @@ from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
 from localleap_jax.rules.base import RuleBase, Signals, first_clause, most_confident, per_row, setting, top_k
-from localleap_jax.rules.confidence import check_steps
 from localleap_jax.rules.registry import register_rule
 
 
@@ -66,11 +65,6 @@ class Klass(RuleBase):
     history: int = setting(2, int, low=1)
     steps: int | None = setting(None, int, low=1, none_ok=True)
     clause_names = ("stable_kl", "fallback")
-
-    def validate(self, gen_length=None, block_length=None):
-        super().validate()
-        check_steps(self, self.steps, gen_length, block_length)
-        return self
 
     def init(self, batch: int, block: int, vocab: int) -> KlassState:
         return KlassState(jnp.zeros((batch, block, vocab), jnp.float32), jnp.zeros((batch,), bool),

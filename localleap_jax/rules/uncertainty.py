@@ -6,7 +6,6 @@ import jax.numpy as jnp
 from flax import struct
 
 from localleap_jax.rules.base import RuleBase, Signals, per_row, rank_by, setting, top_k
-from localleap_jax.rules.confidence import check_steps
 from localleap_jax.rules.registry import register_rule
 
 
@@ -18,11 +17,6 @@ class Margin(RuleBase):
 
     steps: int | None = setting(None, int, low=1, none_ok=True)
     clause_names = ("schedule",)
-
-    def validate(self, gen_length=None, block_length=None):
-        super().validate()
-        check_steps(self, self.steps, gen_length, block_length)
-        return self
 
     def update(self, s: Signals, state):
         return top_k(s.margin, s.candidates, s.quota(self.steps)), state
@@ -36,11 +30,6 @@ class Entropy(RuleBase):
 
     steps: int | None = setting(None, int, low=1, none_ok=True)
     clause_names = ("schedule",)
-
-    def validate(self, gen_length=None, block_length=None):
-        super().validate()
-        check_steps(self, self.steps, gen_length, block_length)
-        return self
 
     def update(self, s: Signals, state):
         return top_k(-s.entropy, s.candidates, s.quota(self.steps)), state
