@@ -51,31 +51,45 @@ import eval_gsm8k as ev  # noqa: E402
 from eval_gsm8k import UserError  # noqa: E402
 
 RULE_NAMES = ("low_confidence", "threshold", "localleap", "factor", "eb", "margin", "entropy", "klass", "stable")
-NONE = None  # a setting left at None: low_confidence/margin/entropy/klass steps None = one token per step
+
+
+@dataclasses.dataclass(frozen=True)
+class PerStep:
+    """A preset's value of `steps` as tokens per step, so one preset fits every canvas: steps =
+    gen_length / tokens (1 token per step: steps None, LLaDA's own setting)."""
+
+    tokens: int
+
+    def steps(self, gen_length: int, block_length: int) -> int | None:
+        if block_length % self.tokens:
+            return NotImplemented  # LLaDA's schedule cannot spread a block over these steps
+        return None if self.tokens == 1 else gen_length // self.tokens
+
+
 
 # Each rule's grid: setting -> values, swept as their product. "small" runs in minutes on the embedded
 # model on a 2-core CPU (each point costs about its mean NFE x --limit rows of forward passes); "large"
-# is for an accelerator and a real model.
+# is for an accelerator and a real model. Schedules are given in tokens per step (PerStep).
 GRIDS = {
     "small": {
-        "low_confidence": {"steps": [4, 16, NONE]},
+        "low_confidence": {"steps": [PerStep(16), PerStep(1)]},
         "threshold": {"kappa": [0.5, 0.7, 0.9]},
-        "localleap": {"kappa": [0.7, 0.9], "tau": [0.5], "radius": [4]},
+        "localleap": {"kappa": [0.7, 0.9], "tau": [0.5, 0.75], "radius": [2, 4]},
         "factor": {"f": [1.0, 4.0]},
         "eb": {"gamma": [0.01, 1.0]},
-        "margin": {"steps": [4]},
-        "entropy": {"steps": [4]},
+        "margin": {"steps": [PerStep(16)]},
+        "entropy": {"steps": [PerStep(16)]},
         "klass": {"tau_c": [0.9], "tau_kl": [0.01]},
         "stable": {"k": [2], "c_min": [0.5]},
     },
     "large": {
-        "low_confidence": {"steps": [4, 8, 16, 32, NONE]},
+        "low_confidence": {"steps": [PerStep(16), PerStep(8), PerStep(4), PerStep(2), PerStep(1)]},
         "threshold": {"kappa": [0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95]},
         "localleap": {"kappa": [0.7, 0.8, 0.9, 0.95], "tau": [0.5, 0.6, 0.7, 0.75, 0.8], "radius": [1, 2, 4, 8]},
         "factor": {"f": [0.25, 0.5, 1.0, 2.0, 4.0]},
         "eb": {"gamma": [0.001, 0.01, 0.1, 0.5, 1.0]},
-        "margin": {"steps": [4, 8, 16, 32]},
-        "entropy": {"steps": [4, 8, 16, 32]},
+        "margin": {"steps": [PerStep(16), PerStep(8), PerStep(4), PerStep(2)]},
+        "entropy": {"steps": [PerStep(16), PerStep(8), PerStep(4), PerStep(2)]},
         "klass": {"tau_c": [0.6, 0.8, 0.9], "tau_kl": [0.001, 0.01, 0.05]},
         "stable": {"k": [1, 2, 3], "c_min": [0.3, 0.5, 0.7]},
     },
@@ -301,9 +315,32 @@ def figure4_points(args) -> dict[str, list[tuple[float, str]]]:
     return series
 
 
+def preset_grid(name: str, args) -> dict[str, list]:
+    """A preset grid on this canvas: tokens-per-step values become steps (those the blocks cannot take
+    are left out)."""
+    grid = {}
+    for key, values in GRIDS[args.grids][name].items():
+        values = [v.steps(args.gen_length, args.block_length) if isinstance(v, PerStep) else v for v in values]
+        grid[key] = list(dict.fromkeys(v for v in values if v is not NotImplemented))
+    return grid
+
+
+def check_canvas(args) -> None:
+    """The flags every point shares (gen/block length, cache), checked once so a mistake there is not
+    reported as one of a grid's values."""
+    from localleap_jax.decode import DecodeError
+
+    try:
+        ev.decode_config(BASELINE, args.cache, args).validate()
+    except DecodeError as e:
+        raise UserError(str(e)) from None
+
+
 def plan_points(args) -> tuple[dict[str, list[str]], dict[str, list[tuple[float, str]]] | None]:
     """({rule: its Pareto points}, Figure 4's series or None), everything checked before any work."""
-    grids = {name: args.grid.get(name, GRIDS[args.grids][name]) for name in args.strategies}
+    check_canvas(args)
+    grids = {name: args.grid.get(name) or preset_grid(name, args) for name in args.strategies}
+    args.grid = grids  # the grids swept, as sweep.json records them
     pareto = {name: grid_points(name, axes, args) for name, axes in grids.items()}
     return pareto, None if args.skip_figure4 else figure4_points(args)
 
@@ -550,7 +587,7 @@ def run(args, progress) -> int:
 def sweep_record(args, path, model, plan, task, results, pareto, series, compiles, batches) -> dict:
     n = min(r["n"] for r in results.values())
     config = {**ev.config_record(args, path, model, plan, task), "grids": args.grids,
-              "grid": {name: args.grid.get(name, GRIDS[args.grids][name]) for name in pareto},
+              "grid": args.grid,
               "metric": METRIC}
     return {
         "config": config,
