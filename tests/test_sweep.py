@@ -165,7 +165,7 @@ def test_figure4_points_vary_one_setting_around_the_centre():
     (["--ablation", "kappa=0.5"], r"--ablation kappa=0.5: localleap: tau=0.75 > kappa=0.5"),
     (["--center", "kappa=0.9;0.8"], "one value per setting"),
     (["--limit", "0"], "expected a positive integer"),
-    (["--gen-length", "60"], "gen_length=60 is not a multiple of block_length=16"),
+    (["--gen-length", "60"], "^error: gen_length=60 is not a multiple of block_length=16"),  # not one grid's value
     (["--checkpoint", "{tmp}/nope"], "no checkpoint at"),
     (["--output", "{tmp}/file"], "is a file, not a directory"),
 ])
