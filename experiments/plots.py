@@ -222,14 +222,18 @@ def pareto_plot(path: Path, points: dict, pareto: dict, metric: str) -> None:
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     nfe = [points[s]["mean_nfe"] for rec in pareto.values() for s in rec["points"]]
-    if max(nfe) > 4 * min(nfe):
-        axes[0].set_xscale("log")  # a wide NFE range (a 1-token baseline beside parallel rules)
-        axes[0].xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    if max(nfe) > 4 * min(nfe):  # a wide NFE range (a 1-token baseline beside parallel rules): log, powers of 2
+        axes[0].set_xscale("log", base=2)
+        axes[0].xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        axes[0].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     axes[0].set_ylabel(f"accuracy ({metric.removeprefix('accuracy_')})")
-    axes[1].legend(fontsize=7, loc="lower left")
+    axes[0].yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0, decimals=1))
+    axes[1].yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0, decimals=1))
+    handles, labels = axes[1].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="center right")
     fig.suptitle("Accuracy against cost per strategy grid; lines: Pareto frontiers "
                  "(best accuracy at that cost or cheaper)", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.87, 1))
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
@@ -242,18 +246,25 @@ def figure4_plot(path: Path, record: dict, metric: str) -> None:
     names = {"kappa": "kappa (anchor threshold)", "radius": "W (radius)", "tau": "tau (relaxed threshold)"}
     ablations = record["ablations"]
     fig, axes = plt.subplots(len(rows), len(ablations), figsize=(3.3 * len(ablations), 6.5), squeeze=False,
-                             sharex="col")
+                             sharex="col", sharey="row")
     base = record["baseline"]
     for j, (key, series) in enumerate(ablations.items()):
         xs = [s["value"] for s in series]
         for i, (y_key, label) in enumerate(rows):
             ax = axes[i, j]
-            ax.plot(xs, [s[y_key] for s in series], marker="o", color=RULE_COLOURS["localleap"], label="localleap")
+            ys = [s[y_key] for s in series]
+            ax.plot(xs, ys, marker="o", color=RULE_COLOURS["localleap"], label="localleap")
+            for x, y in zip(xs, ys):  # the values: differences can be far smaller than the baseline's scale
+                ax.annotate(f"{100 * y:.1f}%" if i == 0 else f"{y:.2f}" if y < 100 else f"{y:.0f}", (x, y),
+                            textcoords="offset points", xytext=(0, 5), ha="center", fontsize=6)
             ax.axhline(base[y_key], color="black", linestyle="--", linewidth=1, label=f"{base['spec']} (1 token/step)")
             ax.axvline(record["center"][key], color="grey", linestyle=":", linewidth=1)
             ax.grid(alpha=0.3)
+            ax.margins(y=0.2)  # room for the value labels
             if j == 0:
                 ax.set_ylabel(label)
+            if i == 0:
+                ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0, decimals=1))
         axes[-1, j].set_xlabel(names.get(key, key))
     axes[0, 0].legend(fontsize=7)
     c = record["center"]
