@@ -1,6 +1,6 @@
 """Hyperparameter sweeps of the decoding rules: the paper's Figure 4 and an accuracy/speed Pareto plot.
 
-    python experiments/sweep.py --output runs/sweep                 # embedded model, offline, ~6 min on 2 CPU cores
+    python experiments/sweep.py --output runs/sweep                 # embedded model, offline, ~4 min on 2 CPU cores
     python experiments/sweep.py --strategies threshold,localleap --output runs/sweep
     python experiments/sweep.py --grid "localleap:kappa=0.8;0.9,tau=0.6;0.75,radius=2;4" --output runs/sweep
     python experiments/sweep.py --model GSAI-ML/LLaDA-8B-Instruct --data test.jsonl --limit 500 --grids large \\
@@ -19,8 +19,11 @@ Outputs in --output:
                 token per step (the 1-token baseline)
   pareto.png    accuracy against mean NFE and against tokens/s for every strategy's grid, each
                 strategy's Pareto frontier drawn
-  sweep.json    every point's numbers, the frontiers, the Figure 4 series, the compile counts and the
-                answer to "is LocalLeap's frontier above threshold's on this model" (see `compare_frontiers`)
+  sweep.json    "points" (every point's eval_gsm8k summary, by spec), "pareto" (each rule's points and
+                frontiers), "figure4" (the series and the baseline), "comparison" (the answer to "is
+                LocalLeap's frontier above threshold's on this model", see `compare_frontiers`), "compiles"
+                (programs this run compiled per rule, their [batch, prompt] shapes, per point: a rerun
+                from the caches compiles none), "batches_generated", "config"
   samples.jsonl one line per problem and point (eval_gsm8k's format; "strategy" is the point's spec)
   cache/        lm-eval's response caches: a rerun generates nothing, an interrupted sweep resumes
 
