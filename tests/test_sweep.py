@@ -207,9 +207,14 @@ LOCALLEAP = ["localleap:kappa=0.9,radius=4,tau=0.5", "localleap:kappa=0.9,radius
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep") / "out"
-    compiled_before = set(decode._COMPILED)
-    assert sweep.main([*TINY, "--output", str(out)]) == 0
-    new_programs = [k for k in decode._COMPILED if k not in compiled_before]
+    # A process-wide table of compiled programs, empty for this sweep: tests that ran before (eval_gsm8k's,
+    # on the same batch shape) would otherwise have compiled its programs already.
+    kept, decode._COMPILED = decode._COMPILED, {}
+    try:
+        assert sweep.main([*TINY, "--output", str(out)]) == 0
+        new_programs = list(decode._COMPILED)
+    finally:
+        decode._COMPILED = kept | decode._COMPILED
     return out, json.loads((out / "sweep.json").read_text()), new_programs
 
 
