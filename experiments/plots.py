@@ -16,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless: never open a window
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 from jaxtyping import Float  # noqa: E402
 
@@ -180,3 +181,94 @@ def all_figures(trace: Trace, out: Path, row: int = 0, texts: list[str] | None =
     text = texts[row] if texts is not None and row < len(texts) else None
     return {"figure1a": figure1a(trace, out, row, text), "figure1b": figure1b(trace, out),
             "figure1c": figure1c(trace, out), "figure2": figure2(trace, out)}
+
+
+# ---------------------------------------------------------------- sweeps (experiments/sweep.py)
+
+# One colour per rule, the same in every sweep figure; the two rules the paper compares are drawn bolder.
+RULE_COLOURS = {"low_confidence": "#7f7f7f", "threshold": "#1f77b4", "localleap": "#d62728", "factor": "#2ca02c",
+                "eb": "#9467bd", "margin": "#8c564b", "entropy": "#e377c2", "klass": "#bcbd22", "stable": "#17becf"}
+HIGHLIGHT = ("localleap", "threshold")
+
+
+def staircase(frontier_xy: list[tuple[float, float]], lower_is_better: bool, edge: float
+              ) -> tuple[list[float], list[float], str]:
+    """(xs, ys, matplotlib drawstyle) of a frontier's step function 'best accuracy at this cost or cheaper',
+    extended to `edge` (the axis' far end on the expensive side), so a one-point frontier still shows."""
+    if lower_is_better:  # NFE: a point's accuracy holds from its x rightwards
+        pts = sorted(frontier_xy)
+        return [x for x, _ in pts] + [edge], [y for _, y in pts] + [pts[-1][1]], "steps-post"
+    pts = sorted(frontier_xy, reverse=True)  # tokens/s: from its x leftwards
+    return [edge] + [x for x, _ in reversed(pts)], [pts[-1][1]] + [y for _, y in reversed(pts)], "steps-pre"
+
+
+def pareto_plot(path: Path, points: dict, pareto: dict, metric: str) -> None:
+    """Accuracy against mean NFE (left) and tokens/s (right): every point of every rule's grid, and each
+    rule's frontier as the step function 'best accuracy at that cost or cheaper'."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    panels = (("mean_nfe", "mean NFE (forward passes per problem)", True),
+              ("tokens_per_second", "tokens/s (this machine)", False))
+    for ax, (x_key, label, lower_is_better) in zip(axes, panels):
+        every = [points[s][x_key] for rec in pareto.values() for s in rec["points"]]
+        edge = max(every) if lower_is_better else min(every)
+        for name, rec in pareto.items():
+            colour, bold = RULE_COLOURS.get(name, "black"), name in HIGHLIGHT
+            ax.scatter([points[s][x_key] for s in rec["points"]], [points[s][metric] for s in rec["points"]],
+                       s=30 if bold else 16, color=colour, alpha=0.75, label=name, zorder=3,
+                       marker="o" if bold else "s")
+            xs, ys, style = staircase([(points[s][x_key], points[s][metric]) for s in rec[f"frontier_{x_key}"]],
+                                      lower_is_better, edge)
+            ax.plot(xs, ys, drawstyle=style, color=colour, linewidth=2.0 if bold else 1.0, alpha=0.8)
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    nfe = [points[s]["mean_nfe"] for rec in pareto.values() for s in rec["points"]]
+    if max(nfe) > 4 * min(nfe):  # a wide NFE range (a 1-token baseline beside parallel rules): log, powers of 2
+        axes[0].set_xscale("log", base=2)
+        axes[0].xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        axes[0].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    axes[0].set_ylabel(f"accuracy ({metric.removeprefix('accuracy_')})")
+    axes[0].yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0, decimals=1))
+    axes[1].yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0, decimals=1))
+    handles, labels = axes[1].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="center right")
+    fig.suptitle("Accuracy against cost per strategy grid; lines: Pareto frontiers "
+                 "(best accuracy at that cost or cheaper)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 0.87, 1))
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def figure4_plot(path: Path, record: dict, metric: str) -> None:
+    """Figure 4: one column per ablated setting (kappa, W, tau), rows accuracy / tokens/s / mean NFE, the
+    centre's value dotted, the 1-token baseline dashed."""
+    rows = ((metric, f"accuracy ({metric.removeprefix('accuracy_')})"), ("tokens_per_second", "tokens/s"),
+            ("mean_nfe", "mean NFE"))
+    names = {"kappa": "kappa (anchor threshold)", "radius": "W (radius)", "tau": "tau (relaxed threshold)"}
+    ablations = record["ablations"]
+    fig, axes = plt.subplots(len(rows), len(ablations), figsize=(3.3 * len(ablations), 6.5), squeeze=False,
+                             sharex="col", sharey="row")
+    base = record["baseline"]
+    for j, (key, series) in enumerate(ablations.items()):
+        xs = [s["value"] for s in series]
+        for i, (y_key, label) in enumerate(rows):
+            ax = axes[i, j]
+            ys = [s[y_key] for s in series]
+            ax.plot(xs, ys, marker="o", color=RULE_COLOURS["localleap"], label="localleap")
+            for x, y in zip(xs, ys):  # the values: differences can be far smaller than the baseline's scale
+                ax.annotate(f"{100 * y:.1f}%" if i == 0 else f"{y:.2f}" if y < 100 else f"{y:.0f}", (x, y),
+                            textcoords="offset points", xytext=(0, 5), ha="center", fontsize=6)
+            ax.axhline(base[y_key], color="black", linestyle="--", linewidth=1, label=f"{base['spec']} (1 token/step)")
+            ax.axvline(record["center"][key], color="grey", linestyle=":", linewidth=1)
+            ax.grid(alpha=0.3)
+            ax.margins(y=0.2)  # room for the value labels
+            if j == 0:
+                ax.set_ylabel(label)
+            if i == 0:
+                ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0, decimals=1))
+        axes[-1, j].set_xlabel(names.get(key, key))
+    axes[0, 0].legend(fontsize=7)
+    c = record["center"]
+    fig.suptitle(f"Figure 4: ablations around kappa={c['kappa']:g}, W={c['radius']}, tau={c['tau']:g}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
