@@ -283,7 +283,7 @@ def decode_settings(cfg: DecodeConfig) -> dict:
 def rows_interact(cfg: DecodeConfig) -> bool:
     """Whether a row's tokens depend on which rows share its batch: sampling draws one key per batch.
     (With a KV cache the rows advance through blocks together, but a row only waits, with its own
-    canvas and cache unchanged, so its tokens do not depend on the others: tests/test_decode_loop.py.)"""
+    canvas and cache unchanged, so its tokens do not depend on the others: tests/test_decode.py.)"""
     return cfg.temperature > 0
 
 

@@ -418,3 +418,21 @@ def test_llada_switches_and_early_stop_match_the_eager_loop_where_eos_and_eot_ha
     for row, b, n in zip(gen, stop_blocks, out.nfe):
         assert (row[(b + 1) * T:] == eos).all()  # filled with EOS after the stop block
         assert b < G // T - 1 and n < G  # the stop saved passes
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_with_a_cache_a_rows_tokens_do_not_depend_on_its_batch(sharp, cache):
+    """With a KV cache the rows advance through blocks together: a row whose block is full waits for the
+    others. Waiting changes neither its canvas nor its cache (both are its own), and the shared refresh
+    comes at each block start as it would alone, so every row decodes as it does alone (what resume keys,
+    pmap and mesh splits rely on). The rows must really wait for each other here."""
+    model, _ = sharp
+    cfg = ll.DecodeConfig(strategy=ll.rule("localleap", kappa=0.9, tau=0.6, radius=2), gen_length=32,
+                          block_length=8, cache=cache)
+    ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
+    batch = ll.generate(model, ids, mask, cfg)
+    alone = [ll.generate(model, *left_pad([p], model.config.pad_token_id), cfg) for p in PROMPTS]
+    for r, one in enumerate(alone):
+        np.testing.assert_array_equal(batch.tokens[r, batch.prompt_length:], one.tokens[0, one.prompt_length:])
+        assert batch.nfe[r] == one.nfe[0]
+    assert batch.forward_passes > max(batch.nfe)  # rows waited (passes beyond any row's own)
