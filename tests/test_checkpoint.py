@@ -133,11 +133,14 @@ def test_written_checkpoints_take_the_umask_mode(tmp_path, converted, mask):
     assert ((out / "params").stat().st_mode & 0o777) == 0o777 & ~mask
 
 
-def test_converted_checkpoints_take_the_umask_mode(converted):
-    assert (converted.stat().st_mode & 0o777) == 0o777 & ~_current_umask()
+def test_converted_checkpoints_take_the_umask_mode(tmp_path, hf_checkpoint):
+    from convert.llada import convert
 
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    old = os.umask(0o027)  # neither the usual 022 nor mkdtemp's 077: a hard-coded mode cannot pass
+    try:
+        out = convert(str(hf_checkpoint[0]), str(tmp_path / "out"), progress=False)
+    finally:
+        os.umask(old)
+    assert (out.stat().st_mode & 0o777) == 0o750
+    assert ((out / "manifest.json").stat().st_mode & 0o777) == 0o640
+    assert ((out / "params").stat().st_mode & 0o777) == 0o750

@@ -87,13 +87,28 @@ def test_pickle_checkpoints_are_refused(tmp_path, hf_checkpoint):
     assert not (tmp_path / "out").exists()
 
 
-def test_interrupted_conversion_leaves_nothing_loadable(tmp_path, hf_checkpoint):
+def test_interrupted_conversion_leaves_nothing_loadable(tmp_path, hf_checkpoint, monkeypatch):
+    import contextlib
+
+    from localleap_jax import convert_hf
+
     src = _broken(tmp_path, hf_checkpoint, lambda c, t: None)
     shard = sorted(src.glob("*.safetensors"))[-1]
     shard.write_bytes(shard.read_bytes()[:-1000])  # truncated mid-download: fails after earlier shards were read
+    partial = []
+    real = convert_hf.atomic_directory
+
+    @contextlib.contextmanager
+    def watched(out):
+        with real(out) as tmp:
+            partial.append(tmp)
+            yield tmp
+
+    monkeypatch.setattr(convert_hf, "atomic_directory", watched)
     with pytest.raises(ConversionError, match="truncated"):
         convert(str(src), str(tmp_path / "out"), progress=False)
-    assert not (tmp_path / "out").exists()
+    assert len(partial) == 1  # the case: the failure came while the output was being written...
+    assert not partial[0].exists() and not (tmp_path / "out").exists()  # ...and its partial directory is gone
     assert [p.name for p in tmp_path.iterdir()] == ["src"]
 
 

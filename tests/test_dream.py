@@ -18,8 +18,17 @@ from localleap_jax import reference_torch
 from localleap_jax.config import ConfigError, ModelConfig
 from localleap_jax.model import forward, head, positions_from_mask, trunk
 
-# Measured on this model (logits up to ~2.2): fp32 max |diff| 7.9e-6; bf16 max relative diff 0.059.
+# fp32 against transformers' Qwen2 (logit scale ~2.2): measured max |diff| 5.7e-6 to 8.0e-6 over seeds 0-4 of
+# [2, 37] ids, 4.1e-6 to 6.4e-6 with a key mask, 4.5e-6 to 7.2e-6 unshifted; transformers' own fp32 differs from
+# its float64 run by as much (5.7e-6 to 7.3e-6). Near misses measured the same way: RoPE theta 1e4 (the default)
+# 2.0, interleaved RoPE 2.4, one of the q/k/v biases dropped 1.1 to 1.8. The eps placement in RMSNorm is below
+# this noise at Dream's eps 1e-6 (1.1e-5): test_model.py's RMSNorm unit tests decide it.
 FP32_TOL = 2e-5
+
+
+@pytest.fixture(scope="module")
+def dream32(dream_converted):
+    return ll.load(dream_converted, dtype="float32")
 
 
 def _reference(hf_checkpoint, ids, mask=None, shift=True):
@@ -34,8 +43,8 @@ def _ids(n_ids, shape, seed=0):
     return np.random.RandomState(seed).randint(0, n_ids, shape).astype(np.int32)
 
 
-def test_fp32_logits_match_transformers_qwen2_shifted(dream_hf_checkpoint, dream_converted):
-    model = ll.load(dream_converted, dtype="float32")
+def test_fp32_logits_match_transformers_qwen2_shifted(dream_hf_checkpoint, dream32):
+    model = dream32
     assert model.config.family == "dream" and model.config.logits_shift == 1 and model.config.qkv_bias
     assert (model.config.n_heads, model.config.n_kv_heads) == (14, 2)  # 7 query heads per KV head
     ids = _ids(300, (2, 37))
@@ -49,8 +58,8 @@ def test_fp32_logits_match_transformers_qwen2_shifted(dream_hf_checkpoint, dream
     assert np.abs(ours[:, 1:] - _reference(dream_hf_checkpoint, ids, shift=False)[:, 1:]).max() > 100 * FP32_TOL
 
 
-def test_trunk_and_head_stay_unshifted(dream_hf_checkpoint, dream_converted):
-    model = ll.load(dream_converted, dtype="float32")
+def test_trunk_and_head_stay_unshifted(dream_hf_checkpoint, dream32):
+    model = dream32
     ids = _ids(300, (2, 19), seed=1)
     mask = np.ones_like(ids, bool)
     h, _ = trunk(model.params, ids, positions_from_mask(mask), mask, model.config)
@@ -58,19 +67,47 @@ def test_trunk_and_head_stay_unshifted(dream_hf_checkpoint, dream_converted):
     assert np.abs(ours - _reference(dream_hf_checkpoint, ids, shift=False)).max() <= FP32_TOL
 
 
-def test_qkv_biases_are_converted_and_matter(dream_hf_checkpoint, dream_converted):
+def test_qkv_biases_are_converted_and_matter(dream_hf_checkpoint, dream32):
     _, cfg, tensors = dream_hf_checkpoint
-    model = ll.load(dream_converted, dtype="float32")
+    model = dream32
     for ours, hf in (("q_proj", "self_attn.q_proj"), ("k_proj", "self_attn.k_proj"), ("v_proj", "self_attn.v_proj")):
         bias = np.asarray(model.params["blocks"][ours]["bias"])
         assert bias.shape == (cfg["num_hidden_layers"], tensors[f"model.layers.0.{hf}.bias"].shape[0])
         np.testing.assert_array_equal(bias[2], tensors[f"model.layers.2.{hf}.bias"].numpy())
-    ids = _ids(300, (1, 16), seed=2)
-    unbiased = {**model.params, "blocks": {k: {n: (jnp.zeros_like(a) if n == "bias" else a) for n, a in v.items()}
-                                          for k, v in model.params["blocks"].items()}}
-    with_bias = np.asarray(forward(model.params, ids, None, model.config))
-    without = np.asarray(forward(unbiased, ids, None, model.config))
-    assert np.abs(with_bias - without).max() > 0.05  # the biases are not a rounding-level detail
+    # Each bias on its own is far from a rounding-level detail: dropping any one of them (the k bias only matters
+    # through RoPE, which rotates it with the position) fails the parity test by orders of magnitude.
+    ids = _ids(300, (2, 37))
+    ref = _reference(dream_hf_checkpoint, ids)
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        blocks = {**model.params["blocks"], proj: {**model.params["blocks"][proj],
+                                                   "bias": jnp.zeros_like(model.params["blocks"][proj]["bias"])}}
+        err = np.abs(np.asarray(forward({**model.params, "blocks": blocks}, ids, None, model.config)) - ref).max()
+        print(f"without the {proj} bias: max |diff| = {err:.2e}")
+        assert err > 0.4  # measured 1.1 (k) to 1.8 (q) over seeds 0-4
+
+
+def _rope_interleaved(x, positions, theta):
+    """GPT-J's convention: rotate the pairs (x[2i], x[2i+1]), not the halves."""
+    H = x.shape[-1]
+    angles = positions.astype(jnp.float32)[..., None, None] * (theta ** (-np.arange(0, H, 2, dtype=np.float32) / H))
+    x32 = x.astype(jnp.float32)
+    even, odd = x32[..., ::2], x32[..., 1::2]
+    out = jnp.stack([even * jnp.cos(angles) - odd * jnp.sin(angles), even * jnp.sin(angles) + odd * jnp.cos(angles)], -1)
+    return out.reshape(x.shape).astype(x.dtype)
+
+
+@pytest.mark.parametrize("name", ["theta 1e4", "interleaved rope"])
+def test_the_fp32_tolerance_sees_near_miss_rope(dream_hf_checkpoint, dream32, monkeypatch, name):
+    from localleap_jax import model as model_module
+
+    rope = model_module.rope
+    variant = {"theta 1e4": lambda x, p, theta: rope(x, p, 1e4), "interleaved rope": _rope_interleaved}[name]
+    model = dream32
+    ids = _ids(300, (2, 37))
+    monkeypatch.setattr(model_module, "rope", variant)
+    err = np.abs(np.asarray(forward(model.params, ids, None, model.config)) - _reference(dream_hf_checkpoint, ids)).max()
+    print(f"{name}: max |diff| = {err:.2e}")
+    assert err > 3 * FP32_TOL
 
 
 def test_bf16_source_converts_and_stays_close(tmp_path, dream_hf_checkpoint, dream_tokenizer):
@@ -88,11 +125,13 @@ def test_bf16_source_converts_and_stays_close(tmp_path, dream_hf_checkpoint, dre
     agree = float((ours.argmax(-1) == ref.argmax(-1)).mean())
     rel = np.abs(ours - ref).max() / np.abs(ref).max()
     print(f"dream bf16: max relative diff {rel:.3f}, argmax agreement {agree:.3f}")
-    assert ours.dtype == np.float32 and rel < 0.1 and agree > 0.9
+    # Measured over seeds 3-7 of [4, 33] ids: relative diff 0.054-0.073, agreement 0.917-0.947; transformers' own
+    # bf16 Qwen2 on the same ids: 0.053-0.060 and 0.879-0.947. The margins are ~2x of the worst (disagreement 8.3%).
+    assert ours.dtype == np.float32 and rel < 0.15 and agree > 0.85
 
 
-def test_left_padded_rows_equal_unpadded_rows(dream_converted):
-    model = ll.load(dream_converted, dtype="float32")
+def test_left_padded_rows_equal_unpadded_rows(dream32):
+    model = dream32
     lengths = [9, 4, 13]
     rng = np.random.RandomState(4)
     rows = [rng.randint(0, 300, n) for n in lengths]
@@ -104,12 +143,13 @@ def test_left_padded_rows_equal_unpadded_rows(dream_converted):
     batch = np.asarray(forward(model.params, ids, mask, model.config))
     for i, r in enumerate(rows):
         alone = np.asarray(forward(model.params, r[None].astype(np.int32), None, model.config))[0]
-        # every real position, the first one included (it keeps its own logits, padded or not)
+        # every real position, the first one included (it keeps its own logits, padded or not);
+        # measured 2.4e-6 to 3.5e-6 (seeds 4-7)
         np.testing.assert_allclose(batch[i, width - len(r):], alone, atol=1e-5, rtol=0)
 
 
-def test_padding_matches_reference_with_key_mask(dream_hf_checkpoint, dream_converted):
-    model = ll.load(dream_converted, dtype="float32")
+def test_padding_matches_reference_with_key_mask(dream_hf_checkpoint, dream32):
+    model = dream32
     ids = _ids(300, (2, 20), seed=5)
     mask = np.ones_like(ids, bool)
     mask[0, :7] = False
@@ -121,9 +161,9 @@ def test_padding_matches_reference_with_key_mask(dream_hf_checkpoint, dream_conv
     assert np.abs(ours - ref)[scored].max() <= FP32_TOL
 
 
-def test_tokenizer_is_chatml_with_ids_from_the_checkpoint(dream_hf_checkpoint, dream_converted, dream_tokenizer):
+def test_tokenizer_is_chatml_with_ids_from_the_checkpoint(dream_hf_checkpoint, dream32, dream_converted, dream_tokenizer):
     _, cfg, _ = dream_hf_checkpoint
-    model = ll.load(dream_converted, dtype="float32")
+    model = dream32
     tok = model.tokenizer
     assert tok.chat("What is 2 + 3?") == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
                                           "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n")

@@ -57,7 +57,7 @@ def test_simple_evaluate_generates_with_generate_and_scores_with_lm_eval_filters
     contexts = [s["arguments"][0][0] for s in strict]
     ids, mask = embedded.tokenizer.encode_batch(contexts)
     out = ll.generate(embedded, ids, mask, ll.DecodeConfig(**DECODE))
-    direct = [cut_at_until(t, ["Question:", "</s>", "<|im_end|>"]) for t in embedded.tokenizer.decode_generated(out)]
+    direct = [_cut(t, ["Question:", "</s>", "<|im_end|>"]) for t in embedded.tokenizer.decode_generated(out)]
     assert [s["resps"][0][0] for s in strict] == direct
     # lm-eval's strict-match filter took "#### N" out of each answer, and its metric averaged the matches
     for s in strict:
@@ -69,19 +69,41 @@ def test_simple_evaluate_generates_with_generate_and_scores_with_lm_eval_filters
     assert all(lm.stats[k]["nfe"] > 0 for k in lm.stats) and len(lm.stats) == 20
 
 
+def _cut(text: str, until: list[str]) -> str:
+    """lm-eval's rule, stated independently: the text before the earliest occurrence of any stop string."""
+    found = [text.find(stop) for stop in until if stop and stop in text]
+    return text[:min(found)] if found else text
+
+
+@pytest.mark.parametrize("text, until, expected", [
+    ("Mia has 7 apples = 7\nQuestion: next", ["Question:", " = "], "Mia has 7 apples"),  # the second comes first
+    ("a b Question: c = d", [" = ", "Question:"], "a b "),  # the first comes first
+    ("x</s>y<|im_end|>z", ["<|im_end|>", "</s>"], "x"),
+    ("x<|im_end|>y</s>z", ["<|im_end|>", "</s>"], "x"),
+    ("Question: at the very start", ["Question:"], ""),
+    ("no stop string here", ["Question:", "</s>"], "no stop string here"),
+    ("a = b = c", [" = "], "a"),  # the first occurrence of a string that occurs twice
+    ("abc", "b", "a"),  # one string, not a list
+    ("abc", ["", "c"], "ab"),  # an empty stop string cuts nothing
+    ("abc", None, "abc"),
+    ("abc", [], "abc"),
+])
+def test_cut_at_until_cuts_at_the_earliest_stop_string(text, until, expected):
+    assert cut_at_until(text, until) == expected
+
+
 def test_output_is_cut_at_the_requests_until_strings(embedded):
     from lm_eval.api.instance import Instance
 
     lm = LocalLeapLM(model=embedded, compile_cache=False, progress=False, **DECODE)
     ctx = "Question: Mia has 3 apples. She gets 4 more apples. How many apples does Mia have now?\nAnswer:"
+    until = ["####", " = "]  # the answer's "#### N" comes after its "a + b = c": the second stop string cuts
     full, cut = lm.generate_until([
-        Instance("generate_until", {}, (ctx, {"until": ["Question:"]}), 0),
-        Instance("generate_until", {}, (ctx, {"until": [" = ", "apples"]}), 1),
+        Instance("generate_until", {}, (ctx, {"until": []}), 0),
+        Instance("generate_until", {}, (ctx, {"until": until}), 1),
     ])
-    assert " = " in full or "apples" in full
-    stops = [i for i in (full.find(" = "), full.find("apples")) if i >= 0]
-    assert cut == full[:min(stops)]
-    assert cut_at_until("a b c", "b") == "a " and cut_at_until("abc", None) == "abc"
+    assert 0 <= full.find(" = ") < full.find("####"), full  # the case: both occur, the second listed first
+    assert cut == full[:full.find(" = ")]
 
 
 def test_rerun_with_the_cache_makes_no_model_call_and_an_interrupted_run_resumes(embedded, local_task, tmp_path):

@@ -22,8 +22,12 @@ def test_encode_batch_left_pads_with_a_mask(converted):
         real = tok.encode(p)
         assert row[m].tolist() == real
         assert (row[~m] == tok.pad_id).all() and not m[: len(m) - len(real)].any()  # padding on the left
-    ids8, _ = tok.encode_batch(prompts, pad_to_multiple_of=8)
-    assert ids8.shape[1] % 8 == 0
+    ids8, mask8 = tok.encode_batch(prompts, pad_to_multiple_of=8)
+    extra = -ids.shape[1] % 8
+    assert extra > 0  # the case: the longest prompt is not already a multiple of 8
+    assert ids8.shape[1] == ids.shape[1] + extra
+    np.testing.assert_array_equal(ids8[:, extra:], ids)  # the added columns are padding, on the left
+    assert (ids8[:, :extra] == tok.pad_id).all() and not mask8[:, :extra].any()
     with pytest.raises(TypeError):
         tok.encode_batch("one string")
 
