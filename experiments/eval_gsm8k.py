@@ -170,7 +170,7 @@ def parse_args(argv=None):
         try:
             parse_mesh(args.mesh)
         except DecodeError as e:
-            ap.error(f"argument --mesh: {e}")
+            ap.error(f"argument --{e}")
     return args
 
 
@@ -587,6 +587,9 @@ def main(argv=None) -> int:
     from localleap_jax import multihost
 
     if multihost.is_follower():
+        if not args.no_compile_cache:
+            from localleap_jax.lm_eval_adapter import read_compilation_cache
+            read_compilation_cache()
         return multihost.follow_until_stopped("evaluation")  # runs the leader's generations; writes nothing
     progress = Progress()
     try:
@@ -622,7 +625,7 @@ def join_processes(args) -> None:
     try:
         args.device_mesh = None if text is None else mesh_from_text(text)
     except DecodeError as e:
-        raise UserError(f"--mesh {e}") from None
+        raise UserError(f"--{e}") from None
     args.mesh_shape = None if args.device_mesh is None else dict(args.device_mesh.shape)
 
 

@@ -529,6 +529,15 @@ def preflight(given: dict) -> None:
     check_checkpoint(settings, cfg)
 
 
+def read_compilation_cache() -> None:
+    """A follower reads programs process 0 compiled before, where there are any; JAX writes entries only
+    from process 0, and a follower creates no directory."""
+    from localleap_jax.compile_cache import DEFAULT_DIR, enable_compilation_cache
+
+    if DEFAULT_DIR.is_dir():
+        enable_compilation_cache()
+
+
 def processes_of(settings: dict) -> multihost.Processes:
     try:
         return multihost.processes_from(settings["coordinator"], settings["num_processes"], settings["process_id"],
@@ -831,6 +840,8 @@ def main(argv: list[str] | None = None) -> int:
             settings, _ = parse_model_args(given)
             multihost.initialize(processes_of(settings))  # before anything touches a JAX backend
             if multihost.is_follower():  # no lm-eval here: carry out process 0's generations
+                if settings["compile_cache"]:
+                    read_compilation_cache()
                 return multihost.follow_until_stopped("evaluation")
         with multihost.leading(), generation_tasks_only():  # the followers are released however this ends
             cli.execute(args)

@@ -348,7 +348,8 @@ class BroadcastTransport:
         try:
             return multihost_utils.broadcast_one_to_all(tree, is_source=is_source)
         except jax.errors.JaxRuntimeError as e:
-            raise LostProcessError(f"lost contact with the other processes ({_first_line(e)})") from None
+            raise LostProcessError(f"lost contact with the other processes: one of them has died or cannot be "
+                                  f"reached ({_first_line(e)})") from None
 
 
 def send(transport: Transport, msg: Message) -> None:
@@ -386,7 +387,8 @@ def all_succeed(step: Callable[[], Any], error: type[Exception], what: str):
     try:
         flags = np.asarray(multihost_utils.process_allgather(np.array([failure is not None], np.int32)))
     except Exception as e:  # noqa: BLE001  (a JaxRuntimeError: a process is gone)
-        raise LostProcessError(f"lost contact with the other processes ({_first_line(e)})") from None
+        raise LostProcessError(f"lost contact with the other processes: one of them has died or cannot be "
+                                  f"reached ({_first_line(e)})") from None
     if failure is not None:
         raise failure
     failed = np.flatnonzero(flags.reshape(-1)).tolist()
@@ -519,7 +521,8 @@ class Follower:
 
     model: Any = None
     mesh: Any = None
-    generated: int = 0  # generate messages carried out (for tests and the closing line)
+    generated: int = 0  # generate messages carried out
+    last: Any = None  # the last Generation (the leader has the same; kept for checks, not used)
 
     def handle(self, msg: Message) -> None:
         if msg.kind == "load":
@@ -550,8 +553,8 @@ class Follower:
         if msg.key is not None:
             import jax
             rng = jax.random.wrap_key_data(msg.key, impl=msg.meta["key_impl"])
-        generate(self.model, msg.ids, msg.mask, config_from_json(msg.meta["config"]), rng, trace=msg.meta["trace"],
-                 mesh=self.mesh)
+        self.last = generate(self.model, msg.ids, msg.mask, config_from_json(msg.meta["config"]), rng,
+                             trace=msg.meta["trace"], mesh=self.mesh)
         self.generated += 1
 
 

@@ -83,8 +83,8 @@ def mesh_from_text(text: str, devices=None) -> Mesh:
                 raise DecodeError(f"mesh {text!r}: {other}={sizes[other]} does not divide the {n} devices")
             sizes[axis] = n // sizes[other]
     if sizes[DATA] * sizes[MODEL] != n:
-        raise DecodeError(f"mesh {text!r}: data x model = {sizes[DATA] * sizes[MODEL]} devices, but there are {n}; "
-                          f"the mesh must use every device")
+        raise DecodeError(f"mesh {text!r}: data x model = {sizes[DATA] * sizes[MODEL]} devices, but there are {n} "
+                          "(the mesh must use every device)")
     return make_mesh(sizes[DATA], sizes[MODEL], devices)
 
 
