@@ -126,9 +126,29 @@ def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
     return copied
 
 
-def write_params(path: str | Path, params: Params) -> None:
+# Stored chunk size. Orbax's default stores each array as one chunk (up to 2 GiB); a chunk is what
+# is read and decompressed whole, so a load into shards would read every leaf whole on every host.
+# Chunks this size, cut along the dimension the model axis splits, let a host read only its own.
+CHUNK_BYTES = 64 * 2**20
+
+
+def chunking(params: Params, chunk_bytes: int | None = CHUNK_BYTES):
+    """Orbax SaveArgs per leaf: chunks of at most `chunk_bytes`, cut first along the dimension the
+    model axis splits (localleap_jax.sharding.model_split_axis). None: one chunk per array."""
+    import orbax.checkpoint as ocp
+
+    from localleap_jax.sharding import model_split_axis, path_names
+
+    def save_args(keypath, leaf):
+        axis = model_split_axis(path_names(keypath), tuple(leaf.shape))
+        return ocp.SaveArgs(chunk_byte_size=chunk_bytes, shard_axes=() if axis is None else (axis,))
+    return jax.tree_util.tree_map_with_path(save_args, params)
+
+
+def write_params(path: str | Path, params: Params, chunk_bytes: int | None = CHUNK_BYTES) -> None:
     """Save the tree with Orbax, one leaf's worth of bytes in flight at a time (bounded host memory:
-    converting LLaDA-8B must fit in 24 GiB). Orbax's limit must admit the largest leaf.
+    converting LLaDA-8B must fit in 24 GiB). Orbax's limit must admit the largest leaf. Arrays are
+    stored in chunks of `chunk_bytes` (see CHUNK_BYTES).
 
     The save runs on a worker thread that a Ctrl-C waits for: interrupted mid-save, Orbax's own
     writer threads would keep creating files after the caller removed the temporary directory.
@@ -145,7 +165,8 @@ def write_params(path: str | Path, params: Params) -> None:
 
     def save():
         try:
-            ocp.Checkpointer(handler).save(Path(path).resolve(), args=ocp.args.PyTreeSave(params))
+            ocp.Checkpointer(handler).save(Path(path).resolve(), args=ocp.args.PyTreeSave(
+                params, save_args=chunking(params, chunk_bytes)))
         except BaseException as e:  # re-raised on the calling thread
             failure.append(e)
         finally:
@@ -177,10 +198,10 @@ def _wait_holding_interrupts(done: threading.Event) -> bool:
 
 
 def write_checkpoint_files(tmp: Path, *, hf_config: Mapping[str, Any], params: Params, tokenizer_dir: str | Path,
-                           manifest: Mapping[str, Any], readme: str) -> None:
+                           manifest: Mapping[str, Any], readme: str, chunk_bytes: int | None = CHUNK_BYTES) -> None:
     """Fill a (temporary) checkpoint directory; manifest.json goes last, as the completion mark."""
     (tmp / "config.json").write_text(json.dumps(dict(hf_config), indent=2))
-    write_params(tmp / "params", params)
+    write_params(tmp / "params", params, chunk_bytes)
     tokenizer_files = copy_tokenizer_files(tokenizer_dir, tmp)
     if "tokenizer.json" not in tokenizer_files:
         raise CheckpointError(f"{tokenizer_dir} has no tokenizer.json")
@@ -195,15 +216,17 @@ def write_checkpoint_files(tmp: Path, *, hf_config: Mapping[str, Any], params: P
 
 def save(out: str | Path, config: ModelConfig, params: Params, tokenizer_dir: str | Path, *,
          hf_config: Mapping[str, Any] | None = None, manifest: Mapping[str, Any] | None = None,
-         readme: str = "") -> Path:
+         readme: str = "", chunk_bytes: int | None = CHUNK_BYTES) -> Path:
     """Write a checkpoint directory atomically (see the module docstring). Non-finite parameters
-    (a training run that diverged) are refused before anything is written."""
+    (a training run that diverged) are refused before anything is written. `chunk_bytes`: see
+    CHUNK_BYTES (None: one stored chunk per array, Orbax's default)."""
     _check_tree(params, abstract_params(config, jax.tree.leaves(params)[0].dtype), "params to save")
     _check_finite(params, "params to save")
     with atomic_directory(out) as tmp:
         write_checkpoint_files(tmp, hf_config=hf_config or config.to_hf_dict(), params=params,
                                tokenizer_dir=tokenizer_dir, manifest=manifest or {},
-                               readme=readme or f"# {config.family} checkpoint\n\n{json.dumps(config.to_hf_dict())}\n")
+                               readme=readme or f"# {config.family} checkpoint\n\n{json.dumps(config.to_hf_dict())}\n",
+                               chunk_bytes=chunk_bytes)
     return Path(out)
 
 

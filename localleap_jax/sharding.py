@@ -88,27 +88,37 @@ def mesh_from_text(text: str, devices=None) -> Mesh:
     return make_mesh(sizes[DATA], sizes[MODEL], devices)
 
 
+def model_split_axis(path: tuple[str, ...], shape: tuple[int, ...]) -> int | None:
+    """The dimension of a parameter leaf the model axis splits (None: replicated). Leaves are
+    layer-stacked: block matrices are [n_layers, in, out]."""
+    if path[0] == "blocks" and path[1] in _BY_OUTPUT:
+        return len(shape) - 1  # kernel [N, in, out] and bias [N, out]: the output columns
+    if path[0] == "blocks" and path[1] in _BY_INPUT and path[-1] == "kernel":
+        return 1  # [N, in, out]: the input rows
+    if path[0] == "wte":
+        return 0  # [V, D]: the vocabulary
+    if path[0] == "ff_out":
+        return 1  # the LM head [D, V]: the vocabulary
+    return None  # norms
+
+
 def spec_for(path: tuple[str, ...], shape: tuple[int, ...], model_size: int) -> P:
     """The PartitionSpec of one parameter leaf (path as in the Flax tree, e.g. ('blocks', 'q_proj', 'kernel'))."""
-    def split(dim: int) -> P:
-        if model_size == 1 or shape[dim] % model_size:
-            return P()
-        return P(*(MODEL if d == dim else None for d in range(len(shape))))
-    if path[0] == "blocks" and path[1] in _BY_OUTPUT:
-        return split(len(shape) - 1)  # kernel [N, in, out] and bias [N, out]: the output columns
-    if path[0] == "blocks" and path[1] in _BY_INPUT and path[-1] == "kernel":
-        return split(1)  # [N, in, out]: the input rows
-    if path[0] == "wte":
-        return split(0)  # [V, D]: the vocabulary
-    if path[0] == "ff_out":
-        return split(1)  # the LM head [D, V]: the vocabulary
-    return P()  # norms
+    axis = model_split_axis(path, shape)
+    if axis is None or model_size == 1 or shape[axis] % model_size:
+        return P()
+    return P(*(MODEL if d == axis else None for d in range(len(shape))))
+
+
+def path_names(keypath) -> tuple[str, ...]:
+    """('blocks', 'q_proj', 'kernel') from a jax key path."""
+    return tuple(str(getattr(k, "key", k)) for k in keypath)
 
 
 def param_specs(params, model_size: int):
     """PartitionSpecs for a parameter tree (or an abstract one: only shapes are read)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, leaf: spec_for(tuple(str(getattr(k, "key", k)) for k in path), tuple(leaf.shape), model_size),
+        lambda path, leaf: spec_for(path_names(path), tuple(leaf.shape), model_size),
         params)
 
 
@@ -223,4 +233,4 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
 
 
 __all__ = ["DATA", "MODEL", "addressable_bytes", "generate_sharded", "initialize_distributed", "make_mesh",
-           "mesh_from_text", "param_shardings", "param_specs", "parse_mesh", "shard_params"]
+           "mesh_from_text", "model_split_axis", "param_shardings", "param_specs", "parse_mesh", "shard_params"]
