@@ -368,15 +368,18 @@ def _check_finite(params: Params, what: str) -> None:
                               + " (NaN/inf: the weights are corrupted)")
 
 
-def _count_non_finite(params: Params):
-    return jax.tree.map(lambda a: jnp.sum(~jnp.isfinite(a), dtype=jnp.int32), params)
+@jax.jit
+def count_non_finite(a: jax.Array) -> jax.Array:
+    return jnp.sum(~jnp.isfinite(a), dtype=jnp.int32)
 
 
 def non_finite_counts(params: Params) -> dict:
-    """{key path: number of NaN/inf values} for every leaf of a (possibly sharded, multi-process) tree."""
-    counts = jax.jit(_count_non_finite)(params)
+    """{key path: number of NaN/inf values} for every leaf of a (possibly sharded, multi-process) tree.
+
+    Leaf by leaf: one program over the whole tree made XLA (CPU) hold a further ~0.9x the model's bytes."""
+    counts = [(k, count_non_finite(leaf)) for k, leaf in jax.tree_util.tree_flatten_with_path(params)[0]]
     # A count is replicated over the leaf's devices; read it from one this process holds.
-    return {k: int(np.asarray(n.addressable_data(0))) for k, n in jax.tree_util.tree_flatten_with_path(counts)[0]}
+    return {k: int(np.asarray(n.addressable_data(0))) for k, n in counts}
 
 
 def parameter_dtype(dtype: str | Any) -> jnp.dtype:
