@@ -419,7 +419,7 @@ class Leader:
 
         path = Path(path).expanduser().resolve()
         meta = {"path": str(path), "dtype": parameter_dtype(dtype).name, "verify": bool(verify),
-                "mesh": None if mesh is None else [int(mesh.shape["data"]), int(mesh.shape["model"])]}
+                "mesh": None if mesh is None else mesh_shape(mesh)}
         with signals_deferred():
             self._send(Message("load", meta))
             return self._collective(lambda: load(path, dtype=dtype, verify=verify, mesh=mesh))
@@ -437,8 +437,7 @@ class Leader:
         ids = np.asarray(ids)
         mask = np.ones(ids.shape, bool) if mask is None else np.asarray(mask)
         prepare_inputs(ids, mask, cfg, model.config, rng)  # raises what generate would, before anything is sent
-        meta = {"config": config_to_json(cfg), "trace": bool(trace), "key_impl": None,
-                "mesh": [int(mesh.shape["data"]), int(mesh.shape["model"])]}
+        meta = {"config": config_to_json(cfg), "trace": bool(trace), "key_impl": None, "mesh": mesh_shape(mesh)}
         key = None
         if rng is not None:
             import jax
@@ -472,6 +471,17 @@ class Leader:
         except jax.errors.JaxRuntimeError as e:
             raise LostProcessError(f"a collective step failed; another process has probably died "
                                    f"({_first_line(e)})") from None
+
+
+def mesh_shape(mesh) -> list[int]:
+    """[data, model] of a mesh, which the followers rebuild with make_mesh: so it must be make_mesh's."""
+    from localleap_jax.sharding import make_mesh
+
+    shape = [int(mesh.shape["data"]), int(mesh.shape["model"])]
+    if mesh != make_mesh(*shape):
+        raise DecodeError(f"a multi-process run needs the mesh make_mesh(data={shape[0]}, model={shape[1]}) builds "
+                          "(the other processes rebuild it that way); this one orders its devices otherwise")
+    return shape
 
 
 _LEADER: Leader | None = None
@@ -546,9 +556,9 @@ class Follower:
 
         if self.model is None:
             raise LostProcessError("process 0 asked for a generation before any model was loaded here")
-        if list(msg.meta["mesh"]) != [int(self.mesh.shape["data"]), int(self.mesh.shape["model"])]:
+        if self.mesh is None or list(msg.meta["mesh"]) != mesh_shape(self.mesh):
             raise LostProcessError(f"process 0 generates on mesh {msg.meta['mesh']}, this process loaded the model "
-                                   f"on {dict(self.mesh.shape)}")
+                                   f"on {None if self.mesh is None else dict(self.mesh.shape)}")
         rng = None
         if msg.key is not None:
             import jax
