@@ -5,6 +5,8 @@
     python experiments/bench_decode.py --cache none,prefix,dual
     python experiments/bench_decode.py --shape llada-8b --batch 1,8 --prompt-length 900 \\
         --gen-length 256 --block-length 32 --cache none,prefix,dual     # GPU, random bf16 weights
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python experiments/bench_decode.py --no-torch \\
+        --batch 8 --mesh "data=8,model=1;data=4,model=2;data=2,model=4;data=1,model=8"   # meshes side by side
 
 The PyTorch side is `localleap_jax.reference_torch.eager_generate`: the published style (Python
 per step, float64 softmax, transformers Llama run bidirectionally, no KV cache). The JAX side is
@@ -17,6 +19,10 @@ canvas: with a cache, the rows advance through blocks together, which costs pass
 tokens/s for the same strategy; with --cache none also the forward-only time per step, so the
 loop and selection overhead is visible; and the peak temporary memory of one decode step with
 the LM head on the whole canvas vs on the current block only.
+
+`--mesh` (';' between meshes) adds, per strategy and cache, one row per (data, model) mesh
+(`generate(..., mesh=)`, localleap_jax.sharding) and one for the pmap path over the same devices,
+so their tokens/s stand side by side (on CPU's virtual devices, a sanity check only).
 """
 
 from __future__ import annotations
@@ -47,6 +53,29 @@ def generated_tokens(tokens: np.ndarray, prompt_length: int, stop_ids) -> int:
     """Generated tokens before each row's first EOS/EOT, summed over rows."""
     from localleap_jax.tokenizer import cut_at_stop
     return sum(len(cut_at_stop(row, stop_ids)) for row in tokens[:, prompt_length:])
+
+
+def parse_meshes(text: str):
+    """'data=4,model=2;data=1,model=8' -> [(label, Mesh), ...] over the local devices."""
+    from localleap_jax.sharding import make_mesh, parse_mesh
+
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(";"))):
+        sizes = parse_mesh(item)
+        mesh = make_mesh(sizes.get("data"), sizes.get("model", 1))
+        out.append((f"mesh {mesh.shape['data']}x{mesh.shape['model']}", mesh))
+    return out
+
+
+def timed_row(label: str, run, B: int, strategy: str, stop_ids, torch_tps) -> dict:
+    """Generate twice (the first compiles) and describe the second run as a row."""
+    first = run()
+    out = run()
+    tps = generated_tokens(out.tokens, out.prompt_length, stop_ids) / out.seconds
+    return {"batch": B, "strategy": strategy, "impl": label, "nfe": float(out.nfe.mean()),
+            "ms_per_step": out.seconds / out.forward_passes * 1e3, "tokens_per_s": tps,
+            "vs_torch": tps / torch_tps if torch_tps else None, "compile_s": first.compile_seconds,
+            "passes": out.forward_passes, "full_passes": out.full_passes}
 
 
 def step_functions(model, P: int, cfg):
@@ -89,8 +118,11 @@ def main(argv=None):
                     help="pin low_confidence to this many tokens per step (default: 1 embedded, 4 random)")
     ap.add_argument("--dtype", default=None, help="bfloat16 on GPU, float32 on CPU")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--mesh", help="(data, model) meshes to compare, e.g. 'data=4,model=2;data=1,model=8' "
+                                   "(an axis left out takes the rest of the devices)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
+    meshes = parse_meshes(args.mesh) if args.mesh else []
 
     import localleap_jax as ll
     from localleap_jax import reference_torch
@@ -108,7 +140,7 @@ def main(argv=None):
 
     print(f"{jax.devices()[0].device_kind}: {args.shape} ({model.config.num_params / 1e6:.1f}M params, {dtype.name}), "
           f"gen {G}, block {T}" + (f", low_confidence pinned at {per_step} token(s)/step" if per_step > 1 else ""))
-    header = (f"{'B':>3} {'strategy':<15}{'impl':<13}{'NFE':>7}{'passes':>8}{'full':>6}{'ms/step':>9}{'tok/s':>10}"
+    header = (f"{'B':>3} {'strategy':<15}{'impl':<15}{'NFE':>7}{'passes':>8}{'full':>6}{'ms/step':>9}{'tok/s':>10}"
               f"{'vs torch':>10}{'compile s':>10}{'fwd ms':>8}")
     print(header)
     rows = []
@@ -144,7 +176,7 @@ def main(argv=None):
                 row = {"batch": B, "strategy": strategy, "impl": "torch-eager", "nfe": float(np.mean(nfe)), "passes": passes,
                        "ms_per_step": secs / passes * 1e3, "tokens_per_s": torch_tps}
                 rows.append(row)
-                print(f"{B:>3} {strategy:<15}{'torch-eager':<13}{row['nfe']:>7.1f}{passes:>8}{passes:>6}"
+                print(f"{B:>3} {strategy:<15}{'torch-eager':<15}{row['nfe']:>7.1f}{passes:>8}{passes:>6}"
                       f"{row['ms_per_step']:>9.2f}{torch_tps:>10.1f}{'1.00x':>10}")
             for cache in caches:
                 c = dataclasses.replace(cfg, cache=cache)
@@ -159,9 +191,21 @@ def main(argv=None):
                 rows.append(row)
                 vs = f"{row['vs_torch']:.2f}x" if torch_tps else "-"
                 fw = f"{forward_ms:>8.2f}" if cache == "none" else ""
-                print(f"{B:>3} {strategy:<15}{'jax-' + cache:<13}{row['nfe']:>7.1f}{out.forward_passes:>8}"
+                print(f"{B:>3} {strategy:<15}{'jax-' + cache:<15}{row['nfe']:>7.1f}{out.forward_passes:>8}"
                       f"{out.full_passes:>6}{row['ms_per_step']:>9.2f}{tps:>10.1f}{vs:>10}"
                       f"{first.compile_seconds:>10.1f}{fw}")
+                sharded = [(f"{label} {cache}", lambda m=mesh: ll.generate(model, ids, mask, c, mesh=m))
+                           for label, mesh in meshes]
+                if meshes and jax.local_device_count() > 1:
+                    from localleap_jax.parallel import generate_parallel
+                    sharded.append((f"pmap x{jax.local_device_count()} {cache}",
+                                    lambda: generate_parallel(model, ids, mask, c)))
+                for label, run in sharded:
+                    row = timed_row(label, run, B, strategy, stop_ids, torch_tps)
+                    rows.append(row)
+                    vs = f"{row['vs_torch']:.2f}x" if torch_tps else "-"
+                    print(f"{B:>3} {strategy:<15}{label:<15}{row['nfe']:>7.1f}{row['passes']:>8}{row['full_passes']:>6}"
+                          f"{row['ms_per_step']:>9.2f}{row['tokens_per_s']:>10.1f}{vs:>10}{row['compile_s']:>10.1f}")
         full_mb = peak_step_memory_mb(full_step, model.params, canvas, cmask)
         block_mb = peak_step_memory_mb(block_step, model.params, canvas, cmask)
         print(f"    one step's XLA memory at B={B} (params excluded): LM head on the canvas {full_mb:.1f} MB, "

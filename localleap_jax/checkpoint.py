@@ -30,6 +30,7 @@ from typing import Any, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from localleap_jax.config import ConfigError, ModelConfig
 from localleap_jax.model import Params, init_params
@@ -125,9 +126,29 @@ def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
     return copied
 
 
-def write_params(path: str | Path, params: Params) -> None:
+# Stored chunk size. Orbax's default stores each array as one chunk (up to 2 GiB); a chunk is what
+# is read and decompressed whole, so a load into shards would read every leaf whole on every host.
+# Chunks this size, cut along the dimension the model axis splits, let a host read only its own.
+CHUNK_BYTES = 64 * 2**20
+
+
+def chunking(params: Params, chunk_bytes: int | None = CHUNK_BYTES):
+    """Orbax SaveArgs per leaf: chunks of at most `chunk_bytes`, cut first along the dimension the
+    model axis splits (localleap_jax.sharding.model_split_axis). None: one chunk per array."""
+    import orbax.checkpoint as ocp
+
+    from localleap_jax.sharding import model_split_axis, path_names
+
+    def save_args(keypath, leaf):
+        axis = model_split_axis(path_names(keypath), tuple(leaf.shape))
+        return ocp.SaveArgs(chunk_byte_size=chunk_bytes, shard_axes=() if axis is None else (axis,))
+    return jax.tree_util.tree_map_with_path(save_args, params)
+
+
+def write_params(path: str | Path, params: Params, chunk_bytes: int | None = CHUNK_BYTES) -> None:
     """Save the tree with Orbax, one leaf's worth of bytes in flight at a time (bounded host memory:
-    converting LLaDA-8B must fit in 24 GiB). Orbax's limit must admit the largest leaf.
+    converting LLaDA-8B must fit in 24 GiB). Orbax's limit must admit the largest leaf. Arrays are
+    stored in chunks of `chunk_bytes` (see CHUNK_BYTES).
 
     The save runs on a worker thread that a Ctrl-C waits for: interrupted mid-save, Orbax's own
     writer threads would keep creating files after the caller removed the temporary directory.
@@ -144,7 +165,8 @@ def write_params(path: str | Path, params: Params) -> None:
 
     def save():
         try:
-            ocp.Checkpointer(handler).save(Path(path).resolve(), args=ocp.args.PyTreeSave(params))
+            ocp.Checkpointer(handler).save(Path(path).resolve(), args=ocp.args.PyTreeSave(
+                params, save_args=chunking(params, chunk_bytes)))
         except BaseException as e:  # re-raised on the calling thread
             failure.append(e)
         finally:
@@ -176,10 +198,10 @@ def _wait_holding_interrupts(done: threading.Event) -> bool:
 
 
 def write_checkpoint_files(tmp: Path, *, hf_config: Mapping[str, Any], params: Params, tokenizer_dir: str | Path,
-                           manifest: Mapping[str, Any], readme: str) -> None:
+                           manifest: Mapping[str, Any], readme: str, chunk_bytes: int | None = CHUNK_BYTES) -> None:
     """Fill a (temporary) checkpoint directory; manifest.json goes last, as the completion mark."""
     (tmp / "config.json").write_text(json.dumps(dict(hf_config), indent=2))
-    write_params(tmp / "params", params)
+    write_params(tmp / "params", params, chunk_bytes)
     tokenizer_files = copy_tokenizer_files(tokenizer_dir, tmp)
     if "tokenizer.json" not in tokenizer_files:
         raise CheckpointError(f"{tokenizer_dir} has no tokenizer.json")
@@ -194,15 +216,17 @@ def write_checkpoint_files(tmp: Path, *, hf_config: Mapping[str, Any], params: P
 
 def save(out: str | Path, config: ModelConfig, params: Params, tokenizer_dir: str | Path, *,
          hf_config: Mapping[str, Any] | None = None, manifest: Mapping[str, Any] | None = None,
-         readme: str = "") -> Path:
+         readme: str = "", chunk_bytes: int | None = CHUNK_BYTES) -> Path:
     """Write a checkpoint directory atomically (see the module docstring). Non-finite parameters
-    (a training run that diverged) are refused before anything is written."""
+    (a training run that diverged) are refused before anything is written. `chunk_bytes`: see
+    CHUNK_BYTES (None: one stored chunk per array, Orbax's default)."""
     _check_tree(params, abstract_params(config, jax.tree.leaves(params)[0].dtype), "params to save")
     _check_finite(params, "params to save")
     with atomic_directory(out) as tmp:
         write_checkpoint_files(tmp, hf_config=hf_config or config.to_hf_dict(), params=params,
                                tokenizer_dir=tokenizer_dir, manifest=manifest or {},
-                               readme=readme or f"# {config.family} checkpoint\n\n{json.dumps(config.to_hf_dict())}\n")
+                               readme=readme or f"# {config.family} checkpoint\n\n{json.dumps(config.to_hf_dict())}\n",
+                               chunk_bytes=chunk_bytes)
     return Path(out)
 
 
@@ -333,12 +357,29 @@ def check_params_content(params_dir: Path, recorded: Mapping[str, Mapping]) -> N
 
 
 def _check_finite(params: Params, what: str) -> None:
-    """Refuse NaN/inf anywhere in the tree, naming the leaves (one fused reduction per leaf)."""
-    counts = jax.jit(lambda p: jax.tree.map(lambda a: jnp.sum(~jnp.isfinite(a)), p))(params)
-    bad = [(jax.tree_util.keystr(k), int(n)) for k, n in jax.tree_util.tree_flatten_with_path(counts)[0] if int(n)]
+    """Refuse NaN/inf anywhere in the tree, naming the leaves.
+
+    One fused count per leaf; on a mesh each device counts its own shard and only the counts are
+    summed across devices (never a gather of the weights), and every process gets the same totals,
+    so on several processes all of them raise or none does."""
+    bad = [(jax.tree_util.keystr(k), n) for k, n in non_finite_counts(params).items() if n]
     if bad:
         raise CheckpointError(f"{what}: " + "; ".join(f"{k} holds {n} non-finite value(s)" for k, n in bad)
                               + " (NaN/inf: the weights are corrupted)")
+
+
+@jax.jit
+def count_non_finite(a: jax.Array) -> jax.Array:
+    return jnp.sum(~jnp.isfinite(a), dtype=jnp.int32)
+
+
+def non_finite_counts(params: Params) -> dict:
+    """{key path: number of NaN/inf values} for every leaf of a (possibly sharded, multi-process) tree.
+
+    Leaf by leaf: one program over the whole tree made XLA (CPU) hold a further ~0.9x the model's bytes."""
+    counts = [(k, count_non_finite(leaf)) for k, leaf in jax.tree_util.tree_flatten_with_path(params)[0]]
+    # A count is replicated over the leaf's devices; read it from one this process holds.
+    return {k: int(np.asarray(n.addressable_data(0))) for k, n in counts}
 
 
 def parameter_dtype(dtype: str | Any) -> jnp.dtype:
@@ -352,16 +393,47 @@ def parameter_dtype(dtype: str | Any) -> jnp.dtype:
     return parsed
 
 
-def load(path: str | Path, dtype: str | Any = "bfloat16", verify: bool = True) -> Model:
-    """Restore a checkpoint directory with Orbax, straight into `dtype` on the default device.
+def load(path: str | Path, dtype: str | Any = "bfloat16", verify: bool = True, mesh=None) -> Model:
+    """Restore a checkpoint directory with Orbax, straight into `dtype`: on one local device, or, with
+    `mesh` (localleap_jax.sharding.make_mesh), straight into each parameter's shards on the mesh.
+
+    On a mesh each device reads only its own slices of the files (Orbax restores into the
+    NamedShardings of `sharding.param_shardings`), so no host and no device ever holds the whole model
+    when the mesh splits it. With several processes (localleap_jax.multihost) every process calls
+    `load` at the same time and restores the shards of its own devices; the checkpoint must be at
+    `path` on every host. If any process cannot load (a missing or damaged file on one host), every
+    process raises CheckpointError, so none is left waiting for the others.
 
     The files under params/ must have the sizes manifest.json recorded; with `verify` (default)
     also the same sha256, hashed on other threads while Orbax restores (about 2 s/GB on one
     busy core; `verify=False` skips it). Parameters that are not finite are always refused.
     """
-    import orbax.checkpoint as ocp
+    from localleap_jax.multihost import all_succeed
 
     path = Path(path).expanduser().resolve()
+    opened = all_succeed(lambda: _open_checkpoint(path, dtype, verify), CheckpointError, f"opening {path}")
+    params = all_succeed(lambda: _restore(opened, mesh), CheckpointError, f"reading {path}/params")
+    _check_finite(params, f"{path}/params")  # the same verdict on every process
+    tokenizer = all_succeed(lambda: _tokenizer_of(path, opened.config), CheckpointError, f"reading {path}'s tokenizer")
+    return Model(opened.config, params, tokenizer, path)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Opened:
+    """A checkpoint directory whose manifest, config and parameter layout have been checked."""
+
+    path: Path
+    config: ModelConfig
+    dtype: jnp.dtype
+    expected: Params  # shapes and dtypes, from config.json
+    recorded: Mapping[str, Mapping] | None  # manifest.json's per-file hashes
+    verify: bool
+
+
+def _open_checkpoint(path: Path, dtype, verify: bool) -> _Opened:
+    """Everything `load` checks before reading a parameter: cheap, and the same on every process."""
+    import orbax.checkpoint as ocp
+
     manifest = read_manifest(path)
     try:
         config = ModelConfig.from_json_file(path / "config.json")
@@ -376,23 +448,39 @@ def load(path: str | Path, dtype: str | Any = "bfloat16", verify: bool = True) -
     elif verify:
         import warnings
         warnings.warn(f"{path}/manifest.json records no parameter hashes (written by an older version): "
-                      "not verified", stacklevel=2)
-    ckptr = ocp.StandardCheckpointer()
+                      "not verified", stacklevel=4)
     try:
-        stored = ckptr.metadata(path / "params").item_metadata.tree
+        stored = ocp.StandardCheckpointer().metadata(path / "params").item_metadata.tree
     except Exception as e:  # Orbax raises several types for unreadable metadata
         raise CheckpointError(f"{path}/params is not a readable Orbax checkpoint: {e}") from None
     expected = abstract_params(config, dtype)
     _check_tree(stored, expected, f"{path}/params")
-    device = jax.devices()[0]
-    target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, dtype, sharding=jax.sharding.SingleDeviceSharding(device)),
-                          expected)
+    return _Opened(path, config, dtype, expected, recorded, verify)
+
+
+def _target_shardings(expected: Params, mesh):
+    """Where each leaf is restored: its shards on `mesh`, or whole on this process's first device."""
+    if mesh is not None:
+        from localleap_jax.sharding import param_shardings
+        return param_shardings(expected, mesh)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # a device this process can address
+    return jax.tree.map(lambda _: device, expected)
+
+
+def _restore(opened: _Opened, mesh) -> Params:
+    """Orbax restore into the target shardings, with the files' hashes checked beside it."""
+    import orbax.checkpoint as ocp
+
+    path = opened.path
+    target = jax.tree.map(lambda a, sharding: jax.ShapeDtypeStruct(a.shape, opened.dtype, sharding=sharding),
+                          opened.expected, _target_shardings(opened.expected, mesh))
+    hash_it = opened.verify and opened.recorded
     # The hash runs beside the restore (both only read params/); a mismatch outranks a restore
     # error, which is what damaged data usually causes.
     with ThreadPoolExecutor(max_workers=1) as background:
-        hashing = background.submit(check_params_content, path / "params", recorded) if verify and recorded else None
+        hashing = background.submit(check_params_content, path / "params", opened.recorded) if hash_it else None
         try:
-            params = ckptr.restore(path / "params", target)
+            params = ocp.StandardCheckpointer().restore(path / "params", target)
         except Exception as e:  # TensorStore/Orbax errors for damaged data files: one line naming the directory
             if hashing is not None:
                 hashing.result()
@@ -400,13 +488,15 @@ def load(path: str | Path, dtype: str | Any = "bfloat16", verify: bool = True) -
             raise CheckpointError(f"{path}/params could not be read ({reason})") from None
         if hashing is not None:
             hashing.result()
-    _check_finite(params, f"{path}/params")
+    return params
+
+
+def _tokenizer_of(path: Path, config: ModelConfig) -> Tokenizer:
     try:
-        tokenizer = Tokenizer.from_dir(path, mask_id=config.mask_token_id, eos_id=config.eos_token_id,
-                                       pad_id=config.pad_token_id)
+        return Tokenizer.from_dir(path, mask_id=config.mask_token_id, eos_id=config.eos_token_id,
+                                  pad_id=config.pad_token_id)
     except TokenizerError as e:
         raise CheckpointError(f"{path}: {e}") from None
-    return Model(config, params, tokenizer, path)
 
 
 def _check_tree(found, expected, what: str) -> None:

@@ -51,6 +51,7 @@ from localleap_jax.decode import DecodeConfig, DecodeError
 from localleap_jax.rules import RULES
 from localleap_jax.rules.base import make_spec, settings_of
 from localleap_jax.rules.registry import parse_spec, parse_value
+from localleap_jax import multihost
 from localleap_jax.parallel import generate_parallel
 from localleap_jax.tokenizer import BOS_TOKEN, TOKENIZER_FILES, TokenizerError, cut_at_stop, left_pad
 
@@ -85,6 +86,7 @@ class CacheMismatchError(ValueError):
 
 # Mistakes the command line reports in one line (exit status 2).
 USER_ERRORS = (GenerationOnlyError, ModelArgsError, PromptTooLongError, CacheMismatchError, CheckpointError,
+               multihost.DistributedError,
                ConfigError, DecodeError, TokenizerError)
 
 
@@ -180,6 +182,23 @@ def _ignored(value):
     return value
 
 
+def _as_mesh(value):
+    """'data=2;model=4' (';' between the axes: lm-eval splits model_args at commas) or a Mesh object."""
+    from jax.sharding import Mesh
+
+    from localleap_jax.sharding import parse_mesh
+
+    if value is None or isinstance(value, Mesh):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"expected data=D;model=M, got {value!r}")
+    try:
+        parse_mesh(value)
+    except DecodeError as e:
+        raise ValueError(str(e)) from None
+    return value
+
+
 # The adapter's own settings (every DecodeConfig field is a setting too): name -> (parse, default).
 ADAPTER_ARGS: dict[str, tuple[Callable, Any]] = {
     "checkpoint": (_as_optional(_as_str), None),
@@ -192,6 +211,11 @@ ADAPTER_ARGS: dict[str, tuple[Callable, Any]] = {
     "progress": (_as_bool, True),
     "truncate_fewshot": (_as_bool, False),
     "fewshot_delimiter": (_as_str, "\n\n"),  # lm-eval's default separator between few-shot examples
+    # Devices and processes: every process runs the same command; process 0 runs lm-eval, the others follow.
+    "mesh": (_as_mesh, None),
+    "coordinator": (_as_optional(_as_str), None),
+    "num_processes": (_as_optional(functools.partial(_as_int, low=1)), None),
+    "process_id": (_as_optional(functools.partial(_as_int, low=0)), None),
     "max_batch_size": (_ignored, None),  # lm-eval passes these to every model; nothing here uses them
     "device": (_ignored, None),
 }
@@ -505,6 +529,44 @@ def preflight(given: dict) -> None:
     check_checkpoint(settings, cfg)
 
 
+def read_compilation_cache() -> None:
+    """A follower reads programs process 0 compiled before, where there are any; JAX writes entries only
+    from process 0, and a follower creates no directory."""
+    from localleap_jax.compile_cache import DEFAULT_DIR, enable_compilation_cache
+
+    if DEFAULT_DIR.is_dir():
+        enable_compilation_cache()
+
+
+def processes_of(settings: dict) -> multihost.Processes:
+    try:
+        return multihost.processes_from(settings["coordinator"], settings["num_processes"], settings["process_id"],
+                                        flags={k: f"model_args {k}" for k in multihost.FLAGS})
+    except multihost.DistributedError as e:
+        raise ModelArgsError(str(e)) from None
+
+
+def join_and_mesh(settings: dict):
+    """Join the other processes if model_args say so and nobody has yet, then the mesh to generate on:
+    model_args mesh over every device, model=1 for several processes without one, else None (pmap)."""
+    import jax
+
+    from localleap_jax.sharding import mesh_from_text
+
+    processes = processes_of(settings)
+    if processes.joins and not jax.distributed.is_initialized():
+        multihost.initialize(processes)
+    mesh = settings["mesh"]
+    if mesh is None and multihost.is_multiprocess():
+        mesh = "model=1"
+    if isinstance(mesh, str):
+        try:
+            mesh = mesh_from_text(mesh)
+        except DecodeError as e:
+            raise ModelArgsError(f"model_args {e}") from None
+    return mesh
+
+
 # ---------------------------------------------------------------- the model
 
 
@@ -531,9 +593,11 @@ class LocalLeapLM(LM):
         self.fewshot_delimiter = settings["fewshot_delimiter"]
         self.stats_path = Path(settings["stats_path"]) if settings["stats_path"] else None
         self.stats = self._open_stats()
+        self.mesh = join_and_mesh(settings)
         if model is None:
             dtype = settings["dtype"]
-            model = load(resolve_checkpoint(settings["checkpoint"]), dtype=default_dtype() if dtype == "auto" else dtype)
+            model = multihost.leader().load(resolve_checkpoint(settings["checkpoint"]),
+                                            dtype=default_dtype() if dtype == "auto" else dtype, mesh=self.mesh)
         check_gen_length(model, self.cfg)
         self.model = model
         self.rng = jax.random.key(self.seed)
@@ -564,7 +628,8 @@ class LocalLeapLM(LM):
     def answers_key(self) -> dict:
         """What this instance's answers depend on (computed on first use: it hashes the weights' identity)."""
         if self._answers_key is None:
-            batch = {"batch_size": self.batch_size, "devices": jax.local_device_count()}
+            batch = {"batch_size": self.batch_size, "devices": jax.local_device_count(),
+                     "mesh": None if self.mesh is None else dict(self.mesh.shape)}
             delimiter = self.fewshot_delimiter if self.truncate_fewshot else False
             self._answers_key = answers_key(self.model, self.cfg, chat=self.chat, seed=self.seed,
                                             truncate_fewshot=delimiter, batch=batch)
@@ -638,7 +703,11 @@ class LocalLeapLM(LM):
         tok = self.model.tokenizer
         cfg = self._config_for(requests[batch[0]].args[1])
         ids, mask = left_pad([prompts[i].ids for i in batch], tok.pad_id)
-        out = generate_parallel(self.model, ids, mask, cfg, rng=jax.random.fold_in(self.rng, start))
+        rng = jax.random.fold_in(self.rng, start)
+        if self.mesh is None:  # one process: a full copy of the weights on each local device
+            out = generate_parallel(self.model, ids, mask, cfg, rng=rng)
+        else:  # every process at once, the batch split over "data", the weights over "model"
+            out = multihost.leader().generate(self.model, ids, mask, cfg, rng, mesh=self.mesh)
         self.model_calls += 1
         generated = out.tokens[:, out.prompt_length:]
         texts = tok.decode_generated(generated)
@@ -766,9 +835,18 @@ def main(argv: list[str] | None = None) -> int:
     args = cli.parse_args()
     try:
         if getattr(args, "model", None) == "localleap":
-            preflight(_cli_model_args(args))
-        with generation_tasks_only():
+            given = _cli_model_args(args)
+            preflight(given)
+            settings, _ = parse_model_args(given)
+            multihost.initialize(processes_of(settings))  # before anything touches a JAX backend
+            if multihost.is_follower():  # no lm-eval here: carry out process 0's generations
+                if settings["compile_cache"]:
+                    read_compilation_cache()
+                return multihost.follow_until_stopped("evaluation")
+        with multihost.leading(), generation_tasks_only():  # the followers are released however this ends
             cli.execute(args)
+    except multihost.LostProcessError as e:
+        multihost.exit_lost(str(e))
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -22,7 +22,6 @@ batch; each holds only its devices' shards, and the results are gathered to ever
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -57,37 +56,69 @@ def make_mesh(data: int | None = None, model: int = 1, devices=None) -> Mesh:
 
 
 def parse_mesh(text: str) -> dict[str, int]:
-    """'data=2,model=4' -> {'data': 2, 'model': 4} (either may be left out)."""
+    """'data=2,model=4' -> {'data': 2, 'model': 4} (either may be left out). ';' also separates the
+    axes, for lm-eval's --model_args, which splits at commas: mesh=data=2;model=4."""
     out = {}
-    for item in filter(None, (t.strip() for t in text.split(","))):
+    for item in filter(None, (t.strip() for t in text.replace(";", ",").split(","))):
         key, eq, value = item.partition("=")
         if not eq or key.strip() not in (DATA, MODEL) or not value.strip().isdigit() or int(value) < 1:
-            raise DecodeError(f"--mesh {text!r}: expected data=D,model=M with positive whole numbers")
+            raise DecodeError(f"mesh {text!r}: expected data=D,model=M with positive whole numbers")
+        if key.strip() in out:
+            raise DecodeError(f"mesh {text!r}: {key.strip()} given twice")
         out[key.strip()] = int(value)
+    if not out:
+        raise DecodeError(f"mesh {text!r}: expected data=D,model=M with positive whole numbers")
     return out
+
+
+def mesh_from_text(text: str, devices=None) -> Mesh:
+    """The mesh a command line's --mesh names, over every device (of every process): an axis left out
+    takes what the other leaves, and data x model must use all the devices (an idle device is a
+    mistake, not a choice a command line should make silently)."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes, n = parse_mesh(text), len(devices)
+    for axis, other in ((DATA, MODEL), (MODEL, DATA)):
+        if axis not in sizes:
+            if n % sizes[other]:
+                raise DecodeError(f"mesh {text!r}: {other}={sizes[other]} does not divide the {n} devices")
+            sizes[axis] = n // sizes[other]
+    if sizes[DATA] * sizes[MODEL] != n:
+        raise DecodeError(f"mesh {text!r}: data x model = {sizes[DATA] * sizes[MODEL]} devices, but there are {n} "
+                          "(the mesh must use every device)")
+    return make_mesh(sizes[DATA], sizes[MODEL], devices)
+
+
+def model_split_axis(path: tuple[str, ...], shape: tuple[int, ...]) -> int | None:
+    """The dimension of a parameter leaf the model axis splits (None: replicated). Leaves are
+    layer-stacked: block matrices are [n_layers, in, out]."""
+    if path[0] == "blocks" and path[1] in _BY_OUTPUT:
+        return len(shape) - 1  # kernel [N, in, out] and bias [N, out]: the output columns
+    if path[0] == "blocks" and path[1] in _BY_INPUT and path[-1] == "kernel":
+        return 1  # [N, in, out]: the input rows
+    if path[0] == "wte":
+        return 0  # [V, D]: the vocabulary
+    if path[0] == "ff_out":
+        return 1  # the LM head [D, V]: the vocabulary
+    return None  # norms
 
 
 def spec_for(path: tuple[str, ...], shape: tuple[int, ...], model_size: int) -> P:
     """The PartitionSpec of one parameter leaf (path as in the Flax tree, e.g. ('blocks', 'q_proj', 'kernel'))."""
-    def split(dim: int) -> P:
-        if model_size == 1 or shape[dim] % model_size:
-            return P()
-        return P(*(MODEL if d == dim else None for d in range(len(shape))))
-    if path[0] == "blocks" and path[1] in _BY_OUTPUT:
-        return split(len(shape) - 1)  # kernel [N, in, out] and bias [N, out]: the output columns
-    if path[0] == "blocks" and path[1] in _BY_INPUT and path[-1] == "kernel":
-        return split(1)  # [N, in, out]: the input rows
-    if path[0] == "wte":
-        return split(0)  # [V, D]: the vocabulary
-    if path[0] == "ff_out":
-        return split(1)  # the LM head [D, V]: the vocabulary
-    return P()  # norms
+    axis = model_split_axis(path, shape)
+    if axis is None or model_size == 1 or shape[axis] % model_size:
+        return P()
+    return P(*(MODEL if d == axis else None for d in range(len(shape))))
+
+
+def path_names(keypath) -> tuple[str, ...]:
+    """('blocks', 'q_proj', 'kernel') from a jax key path."""
+    return tuple(str(getattr(k, "key", k)) for k in keypath)
 
 
 def param_specs(params, model_size: int):
     """PartitionSpecs for a parameter tree (or an abstract one: only shapes are read)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, leaf: spec_for(tuple(str(getattr(k, "key", k)) for k in path), tuple(leaf.shape), model_size),
+        lambda path, leaf: spec_for(path_names(path), tuple(leaf.shape), model_size),
         params)
 
 
@@ -195,14 +226,11 @@ def generate_sharded(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), 
 def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
                            process_id: int | None = None) -> None:
     """`jax.distributed.initialize`, from arguments or the usual environment (JAX_COORDINATOR_ADDRESS,
-    JAX_NUM_PROCESSES, JAX_PROCESS_ID; or a cluster JAX detects itself: TPU pods, SLURM). On CPU the
-    cross-process collectives use gloo."""
-    if coordinator is None and num_processes is None and "JAX_COORDINATOR_ADDRESS" not in os.environ:
-        return  # one process, or a cluster JAX's own initialize() would detect: nothing to do here
-    # CPU processes need a collectives backend to talk to each other; accelerators ignore this setting.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+    JAX_NUM_PROCESSES, JAX_PROCESS_ID; coordinator "auto": a cluster JAX detects itself, TPU pods,
+    SLURM). On CPU the cross-process collectives use gloo. See localleap_jax.multihost."""
+    from localleap_jax import multihost
+    multihost.initialize(multihost.processes_from(coordinator, num_processes, process_id))
 
 
 __all__ = ["DATA", "MODEL", "addressable_bytes", "generate_sharded", "initialize_distributed", "make_mesh",
-           "param_shardings", "param_specs", "parse_mesh", "shard_params"]
+           "mesh_from_text", "model_split_axis", "param_shardings", "param_specs", "parse_mesh", "shard_params"]

@@ -6,6 +6,7 @@ runs on one device.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -45,6 +46,39 @@ specs = jax.tree.leaves(param_specs(model.params, 4), is_leaf=lambda x: isinstan
 split = sum(a.nbytes for a, s in zip(jax.tree.leaves(model.params), specs) if any(ax is not None for ax in s))
 res["bytes"] = dict(total=total, split=split, per_device=sorted(set(per_device.values())))
 
+# Loading straight into shards: every leaf arrives split as param_specs says, holding the same values as
+# the unsharded load; generate uses the arrays as they are (nothing placed again).
+import tempfile
+from pathlib import Path
+from localleap_jax import checkpoint, sharding
+from localleap_jax.sharding import param_shardings
+loaded = ll.load(sys.argv[1], dtype="float32", mesh=mesh)
+want = param_shardings(model.params, mesh)
+res["loaded"] = dict(
+    shardings=all(a.sharding == w for a, w in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(want))),
+    values=all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(jax.tree.leaves(loaded.params),
+                                                                            jax.tree.leaves(model.params))),
+    per_device=sorted(set(addressable_bytes(loaded.params).values())))
+sharding._SHARDED_PARAMS.clear()
+cfg = ll.DecodeConfig(strategy=ll.rule("localleap"), gen_length=16, block_length=8, cache="dual")
+out = ll.generate(loaded, ids, mask, cfg, mesh=mesh)
+res["loaded"].update(placed_again=len(sharding._SHARDED_PARAMS), tokens=bool((out.tokens == ll.generate(model, ids, mask, cfg).tokens).all()))
+# The non-finite check on a split leaf: per-shard counts summed across devices, never a gather.
+leaf = loaded.params["blocks"]["up_proj"]["kernel"]
+hlo = checkpoint.count_non_finite.lower(leaf).compile().as_text()
+res["finite_check"] = dict(split=str(leaf.sharding.spec), all_gather="all-gather" in hlo, all_reduce="all-reduce" in hlo)
+bad = jax.tree.map(np.array, model.params)  # writable host copies
+bad["blocks"]["up_proj"]["kernel"][1, 3, 5] = np.nan
+tmp = Path(tempfile.mkdtemp())
+with checkpoint.atomic_directory(tmp / "nan") as d:  # the plain writer: hashes match the NaN content
+    checkpoint.write_checkpoint_files(d, hf_config=model.config.to_hf_dict(), params=bad, tokenizer_dir=sys.argv[1],
+                                      manifest={}, readme="")
+try:
+    ll.load(tmp / "nan", dtype="float32", mesh=mesh)
+    res["nan_refused"] = ""
+except ll.CheckpointError as e:
+    res["nan_refused"] = str(e)
+
 # The compiled decode step's temporary memory per device, one device vs the model split 4 ways.
 from localleap_jax import decode
 def temp_bytes(m):
@@ -76,3 +110,8 @@ def test_every_mesh_decodes_exactly_as_one_device(converted_sharp):
     assert max(b["per_device"]) <= 1.05 * b["total"] / 4
     assert b["split"] >= 0.99 * b["total"]  # every matmul weight of this model divides by 4
     assert res["temp"]["model=4"] < res["temp"]["model=1"]
+    loaded = res["loaded"]
+    assert loaded["shardings"] and loaded["values"] and loaded["per_device"] == b["per_device"], loaded
+    assert loaded["placed_again"] == 0 and loaded["tokens"], loaded
+    assert res["finite_check"] == {"split": "P(None, None, 'model')", "all_gather": False, "all_reduce": True}
+    assert re.search(r"\['blocks'\]\['up_proj'\]\['kernel'\] holds 1 non-finite value", res["nan_refused"]), res["nan_refused"]
