@@ -215,7 +215,9 @@ def predict(logits: Float[Array, "B T V"], loop: LoopSettings, ids: SpecialIds, 
         if ids.eot is not None:
             scored = scored.at[..., ids.eot].set(-jnp.inf)
     picked = jnp.take_along_axis(scored, pred[..., None], axis=-1)[..., 0]
-    conf = jnp.exp(picked - jax.nn.logsumexp(scored, axis=-1))
+    # A prediction the switch put at -inf (EOS/EOT, or a row with nothing else finite) has confidence 0, not the
+    # NaN that exp(-inf - -inf) gives: a NaN would rank first in every argmax and commit first instead of last.
+    conf = jnp.where(jnp.isneginf(picked), 0.0, jnp.exp(picked - jax.nn.logsumexp(scored, axis=-1)))
     return pred.astype(jnp.int32), conf, scored
 
 

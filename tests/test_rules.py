@@ -237,6 +237,9 @@ def test_combinators_thread_their_sub_states():
     assert names == ["threshold.top1", "stable.stable", "stable.stable", "stable.stable"]
     every = ll.all_of(ll.rule("threshold", kappa=0.95), ll.rule("stable", k=1, c_min=0.0))
     assert (commits(every, s)[0]).tolist() == [True, False, False, False]
+    # The first sub-rule commits all four, the second only its top one: all_of keeps the one both commit.
+    lax_first = ll.all_of(ll.rule("threshold", kappa=0.4), ll.rule("stable", k=1, c_min=0.9))
+    assert (commits(lax_first, s)[0]).tolist() == [True, False, False, False]
 
 
 @pytest.mark.parametrize("spec, message", [
