@@ -702,14 +702,18 @@ class LocalLeapLM(LM):
         """Answers (cut at `until`) and stats rows of one batch of requests."""
         tok = self.model.tokenizer
         cfg = self._config_for(requests[batch[0]].args[1])
-        ids, mask = left_pad([prompts[i].ids for i in batch], tok.pad_id)
+        # A short last batch is filled up with copies of its last row, so it runs the program the full batches
+        # compiled (a second compile costs more than the filler rows: a copy decodes exactly as its original,
+        # so the loop takes no extra step); the copies' answers are dropped.
+        filled = batch + [batch[-1]] * (self.batch_size - len(batch))
+        ids, mask = left_pad([prompts[i].ids for i in filled], tok.pad_id)
         rng = jax.random.fold_in(self.rng, start)
         if self.mesh is None:  # one process: a full copy of the weights on each local device
             out = generate_parallel(self.model, ids, mask, cfg, rng=rng)
         else:  # every process at once, the batch split over "data", the weights over "model"
             out = multihost.leader().generate(self.model, ids, mask, cfg, rng, mesh=self.mesh)
         self.model_calls += 1
-        generated = out.tokens[:, out.prompt_length:]
+        generated = out.tokens[:len(batch), out.prompt_length:]
         texts = tok.decode_generated(generated)
         answers, rows = [], []
         for j, i in enumerate(batch):

@@ -106,6 +106,25 @@ def test_output_is_cut_at_the_requests_until_strings(embedded):
     assert cut == full[:full.find(" = ")]
 
 
+def test_a_short_last_batch_runs_the_full_batches_program_and_answers_as_alone(embedded, monkeypatch):
+    from lm_eval.api.instance import Instance
+
+    from localleap_jax import decode
+
+    monkeypatch.setattr(decode, "_COMPILED", {})  # count this test's programs only
+    ctxs = [f"Question: Mia has {a} apples. She gets {b} more apples. How many apples does Mia have now?\nAnswer:"
+            for a, b in zip((3, 5, 2, 7, 4, 6), (4, 1, 6, 2, 3, 5))]  # one prompt length: one bucket
+    assert len({len(embedded.tokenizer.encode(c)) for c in ctxs}) == 1
+    reqs = [Instance("generate_until", {}, (c, {"until": []}), i) for i, c in enumerate(ctxs)]
+    lm = LocalLeapLM(model=embedded, compile_cache=False, progress=False, batch_size=4, **DECODE)
+    answers = lm.generate_until(reqs)
+    assert lm.model_calls == 2  # the case: batches of 4 and 2
+    assert len(decode._COMPILED) == 1  # the batch of 2 ran the batch of 4's program
+    assert sorted(r["batch_size"] for r in lm.stats.values()) == [2, 2, 4, 4, 4, 4]  # filler rows are not counted
+    alone = LocalLeapLM(model=embedded, compile_cache=False, progress=False, batch_size=1, **DECODE)
+    assert answers == alone.generate_until(reqs)
+
+
 def test_rerun_with_the_cache_makes_no_model_call_and_an_interrupted_run_resumes(embedded, local_task, tmp_path):
     cache = str(tmp_path / "cache" / "localleap")
 
