@@ -156,6 +156,7 @@ def parse_args(argv=None):
             ap.error(f"argument --grid: {name} is not among --strategies ({', '.join(args.strategies)})")
     if args.fewshot_data and not args.data:
         ap.error("argument --fewshot-data: needs --data")
+    args.device_mesh = args.mesh_shape = None  # one process, a model copy per local device (no --mesh here)
     return args
 
 
