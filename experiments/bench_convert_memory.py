@@ -22,7 +22,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def write_checkpoint(path: Path, layers: int, d: int, shards: int, vocab: int) -> int:
-    import numpy as np
     import torch
     from safetensors.torch import save_file
 

@@ -643,7 +643,6 @@ def find_checkpoint(args) -> tuple[Path, dict]:
 
 def check_settings(args, manifest: dict) -> None:
     """Fill the model's defaults into unset flags and check the decoding settings together."""
-    import localleap_jax as ll
     from localleap_jax.decode import DecodeError
 
     defaults = {**DEFAULTS, **manifest.get("eval_defaults", {})}
@@ -655,6 +654,26 @@ def check_settings(args, manifest: dict) -> None:
             decode_config(strategy, args.caches[0], args).validate()
         except DecodeError as e:
             raise UserError(f"--strategies {strategy}: {e}") from None
+
+
+@contextmanager
+def holding(out: Path, progress: Progress):
+    """Hold OUT for this run (a second run into it is refused); on the way out let go of it, and remove it
+    if the run produced nothing (an error or Ctrl-C before the first answer leaves nothing behind)."""
+    claim = OutputDir(out)
+    note = claim.claim()
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    progress.out = out
+    finished = False
+    try:
+        yield
+        finished = True
+    finally:
+        claim.release()
+        if not finished and progress.answers == 0:
+            claim.discard()
+            progress.discarded = claim.created is not None
 
 
 def run(args, progress: Progress) -> int:
@@ -670,13 +689,7 @@ def run(args, progress: Progress) -> int:
     out = Path(args.output or REPO / "runs" / "eval_gsm8k" / path.name).expanduser().resolve()
     check_output(out)
 
-    claim = OutputDir(out)  # held from here on, so a second run is refused before it loads anything
-    note = claim.claim()
-    if note:
-        print(f"note: {note}", file=sys.stderr)
-    progress.out = out
-    finished = False
-    try:
+    with holding(out, progress):  # held from here on, so a second run is refused before it loads anything
         model = load_model(path, args)
         task, include, data_id = write_task(plan, out)
         print(f"model {path} ({model.config.num_params / 1e6:.1f}M params, {model.dtype}); data: {plan.description}; "
@@ -684,12 +697,6 @@ def run(args, progress: Progress) -> int:
               f"output {out}")
         summary, samples = evaluate_all(model, args, task, include, data_id, out, progress)
         write_results(out, summary, samples, config_record(args, path, model, plan, task))
-        finished = True
-    finally:
-        claim.release()
-        if not finished and progress.answers == 0:
-            claim.discard()  # a run that produced nothing leaves nothing behind
-            progress.discarded = claim.created is not None
     print_table(summary)
     print(f"\nwrote {out / 'samples.jsonl'} and {out / 'summary.json'}")
     if path.resolve() == ll.checkpoint.EMBEDDED.resolve():

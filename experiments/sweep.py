@@ -563,13 +563,7 @@ def run(args, progress) -> int:
     groups = run_order(pareto, series)
     plan = ev.plan_data(args, manifest)
 
-    claim = ev.OutputDir(out)  # one run at a time holds the directory
-    note = claim.claim()
-    if note:
-        print(f"note: {note}", file=sys.stderr)
-    progress.out = out
-    finished = False
-    try:
+    with ev.holding(out, progress):  # one run at a time holds the directory
         model = ev.load_model(path, args)
         task, include, data_id = ev.write_task(plan, out)
         print(f"model {path} ({model.config.num_params / 1e6:.1f}M params, {model.dtype}); data: {plan.description}; "
@@ -577,12 +571,6 @@ def run(args, progress) -> int:
         results, rows, compiles, batches = score_points(model, groups, args, task, include, data_id, out, progress)
         record = sweep_record(args, path, model, plan, task, results, pareto, series, compiles, batches)
         write_outputs(out, record, rows, pareto, series)
-        finished = True
-    finally:
-        claim.release()
-        if not finished and progress.answers == 0:
-            claim.discard()  # a sweep that produced nothing leaves nothing behind
-            progress.discarded = claim.created is not None
     print_report(record)
     print(f"\nwrote {', '.join(sorted(p.name for p in out.glob('*.png')))}, sweep.json and samples.jsonl in {out}")
     return 0

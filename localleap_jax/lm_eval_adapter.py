@@ -45,7 +45,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from localleap_jax.checkpoint import CheckpointError, Model, load, params_fingerprint, read_manifest, resolve_checkpoint
+from localleap_jax.checkpoint import CheckpointError, Model, params_fingerprint, read_manifest, resolve_checkpoint
 from localleap_jax.config import ConfigError
 from localleap_jax.decode import DecodeConfig, DecodeError
 from localleap_jax.rules import RULES

@@ -11,7 +11,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the network
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import numpy as np
 import pytest
 from hypothesis import settings
 

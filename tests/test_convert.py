@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import localleap_jax as ll
-from conftest import REPO, random_llada_tensors, tiny_hf_config, write_hf_checkpoint
+from conftest import REPO, write_hf_checkpoint
 from convert.llada import ConversionError, convert, main
 
 
