@@ -15,7 +15,7 @@ Writes a checkpoint of random LLaDA-shaped fp32 weights (d_model 2048, --layers 
                     process restores only its own devices' shards
 
 and prints, per process: RSS before loading (JAX started and the libraries warm: the small
-embedded model loaded the same way first), peak RSS (getrusage), the peak's excess
+embedded model loaded the same way first), peak RSS (VmHWM), the peak's excess
 over the start, and the parameter bytes each device holds (from the arrays' addressable shards).
 On CPU a device's memory is host memory, so a process's RSS includes its devices' shards: "model=4,
 1 process" still holds the whole model in one process (in four quarters); the two-process rows are
@@ -53,7 +53,12 @@ def rss_mb() -> float:
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    """This process image's peak RSS (VmHWM). Not getrusage's ru_maxrss: Linux carries that across exec, so
+    a child forked from this script's parent (which wrote the checkpoint) would report the parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux: the best there is
 
 
 # ---------------------------------------------------------------- writing the checkpoint
