@@ -44,6 +44,25 @@ def test_nfe_counts_passes_until_each_row_is_done():
     assert out.forward_passes == G  # the batch runs until its slowest row is done
 
 
+def test_sampling_draws_fresh_noise_at_every_pass():
+    """With temperature > 0, each pass samples with its own key: a position of the block still masked at two
+    passes is predicted from independent draws (a flat distribution over the 7 predictable ids: they differ with
+    probability 6/7); the same key at every pass would repeat every prediction."""
+    model = scripted(_words(4), np.full((4, G), 1.0 / 8))  # every id equally likely: one commit per pass
+    cfg = ll.DecodeConfig(strategy="threshold", gen_length=G, block_length=T, temperature=1.0)
+    trace = ll.generate(model, *prompts(4), cfg, rng=jax.random.key(3), trace=True).trace
+    pred, committed = trace.pred, trace.committed
+    masked = (np.cumsum(committed, axis=1) - committed) == 0  # masked when pass s began
+    valid = (np.arange(pred.shape[1])[None, :] < trace.passes[:, None])[:, :, None]  # passes the row ran
+    block = np.argmax(committed, axis=2) // T  # the block each pass worked on (every pass commits in it)
+    in_block = (np.arange(G) // T)[None, None, :] == block[:, :, None]  # sampled there; greedy elsewhere
+    ok = masked & valid & in_block
+    pairs = ok[:, 1:] & ok[:, :-1]  # masked and sampled at passes s and s + 1
+    assert pairs.sum() == 4 * (G // T) * (T - 1) * T // 2  # the case: one commit per pass, 3+2+1 pairs a block
+    differ = (pred[:, 1:] != pred[:, :-1])[pairs]
+    assert differ.mean() > 0.6, (differ.mean(), differ.size)
+
+
 def test_early_stop_fills_eos_and_rows_stop_at_different_blocks():
     words = _words(3)
     words[0, 1] = EOS  # row 0 emits EOS in block 0

@@ -360,6 +360,27 @@ def test_confidence_of_a_sure_prediction_is_one_and_never_nan():
         assert conf[3] == (0.0 if eos_eot_inf else 1.0)  # EOS at 1e30: certain, or put last by the switch
 
 
+def test_sampling_draws_from_the_tempered_softmax_and_reports_the_plain_confidence():
+    """temperature t: the prediction is a draw from softmax(logits / t) over the predictable ids (the mask
+    excluded), and its confidence is the untempered softmax probability, as in LLaDA's code."""
+    from localleap_jax import decode
+
+    n, t = 40000, 0.5
+    row = np.log(np.array([0.05, 0.30, 0.20, 0.15, 0.10, 0.12, 0.05, 0.03]))  # MASK (5) carries 0.12
+    loop = decode.LoopSettings(8, 4, t, False, False, False, "none", False)
+    pred, conf, _ = decode.predict(jnp.asarray(np.tile(row, (1, n, 1)), jnp.float32), loop,
+                                   decode.SpecialIds(mask=MASK, eos=EOS, eot=EOT), jax.random.key(0))
+    pred, conf = np.asarray(pred)[0], np.asarray(conf, np.float64)[0]
+    tempered = np.where(np.arange(V) == MASK, -np.inf, row / t)
+    want = np.exp(tempered - tempered.max())
+    want /= want.sum()
+    freq = np.bincount(pred, minlength=V) / n
+    assert freq[MASK] == 0
+    # Binomial standard error at n = 40000 is at most 0.0025: 5 of them.
+    np.testing.assert_allclose(freq, want, rtol=0, atol=0.0125)
+    np.testing.assert_allclose(conf, _softmax64(row)[pred], rtol=7.5e-7)
+
+
 @pytest.mark.parametrize("eos_inf", [False, True])
 def test_an_eos_prediction_with_nothing_else_finite_has_confidence_zero(eos_inf):
     """Only EOS and EOT finite, and the switch that takes them out of the confidence: the prediction is EOS or
