@@ -63,6 +63,22 @@ def test_sampling_draws_fresh_noise_at_every_pass():
     assert differ.mean() > 0.6, (differ.mean(), differ.size)
 
 
+@pytest.mark.parametrize("shift", [0, 1])
+def test_the_trace_records_each_positions_own_prediction_with_or_without_the_shift(shift):
+    """The stub predicts target[b, j] at generated position j whatever the canvas holds (for a Dream-like
+    model, from the hidden state at j - 1): every traced prediction, inside the block and outside it, must
+    be target[b, j] at position j."""
+    words = _words(2)
+    words[:, ::3] = WORD + 5  # neighbours differ: reading position j + 1's or j - 1's scores shows
+    model = scripted(words, np.full((2, G), 0.6), shift=shift)
+    out = ll.generate(model, *prompts(2), ll.DecodeConfig(strategy="threshold", gen_length=G, block_length=T),
+                      trace=True)
+    valid = np.arange(G)[None, :] < out.trace.passes[:, None]  # S = G here
+    assert valid.sum() == 2 * G  # the case: one commit per pass, so G passes per row
+    for b in range(2):
+        np.testing.assert_array_equal(out.trace.pred[b][valid[b]], np.broadcast_to(words[b], (G, G)))
+
+
 def test_early_stop_fills_eos_and_rows_stop_at_different_blocks():
     words = _words(3)
     words[0, 1] = EOS  # row 0 emits EOS in block 0
