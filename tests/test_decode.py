@@ -395,6 +395,7 @@ def embedded_with_twin():
     dict(strategy="localleap", early_stop=True, confidence_eos_eot_inf=True),
     dict(strategy="low_confidence", steps=32, early_stop=True, confidence_eos_eot_inf=True),
     dict(strategy="localleap", logits_eos_inf=True),
+    dict(strategy="low_confidence", steps=64, early_stop=True),  # EOS (confident padding) commits mid-block
 ], ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
 def test_llada_switches_and_early_stop_match_the_eager_loop_where_eos_and_eot_happen(embedded_with_twin, setting):
     """Early stop, confidence_eos_eot_inf and logits_eos_inf decide tokens only on a model that predicts EOS
@@ -403,7 +404,7 @@ def test_llada_switches_and_early_stop_match_the_eager_loop_where_eos_and_eot_ha
     G, T = 64, 16
     eos, eot = model.config.eos_token_id, model.tokenizer.eot_id
     ids, mask = left_pad(prompts, model.config.pad_token_id)
-    out = ll.generate(model, ids, mask, ll.DecodeConfig(gen_length=G, block_length=T, **setting))
+    out = ll.generate(model, ids, mask, ll.DecodeConfig(gen_length=G, block_length=T, **setting), trace=True)
     gen = out.tokens[:, out.prompt_length:]
     for r, prompt in enumerate(prompts):
         tokens, nfe = _oracle(twin, model, prompt, dict(setting, gen_length=G, block_length=T))
@@ -418,6 +419,13 @@ def test_llada_switches_and_early_stop_match_the_eager_loop_where_eos_and_eot_ha
     for row, b, n in zip(gen, stop_blocks, out.nfe):
         assert (row[(b + 1) * T:] == eos).all()  # filled with EOS after the stop block
         assert b < G // T - 1 and n < G  # the stop saved passes
+    if setting["strategy"] == "low_confidence" and setting["steps"] == G:
+        # The case this setting is for: an EOS committed while its block still had masks, so the passes that
+        # finish the block must still see masks (not EOS) after it.
+        commit_pass = np.argmax(out.trace.committed, axis=1)  # [B, G]
+        early = [commit_pass[r, b * T + int(np.argmax(gen[r, b * T:(b + 1) * T] == eos))]
+                 < commit_pass[r, b * T:(b + 1) * T].max() for r, b in enumerate(stop_blocks)]
+        assert any(early), early
 
 
 @pytest.mark.parametrize("cache", ["prefix", "dual"])

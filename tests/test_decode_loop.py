@@ -96,6 +96,32 @@ def test_early_stop_fills_eos_and_rows_stop_at_different_blocks():
     assert (without.nfe == 3).all()
 
 
+def test_early_stop_fills_only_after_the_block_is_full():
+    """An EOS committed while its block still has masks must not fill the canvas after the block yet: the
+    passes that finish the block see masks there. The stub predicts WORD + 1 while the canvas's last position
+    is masked and WORD + 2 once it is not, so an early fill changes the block's remaining tokens."""
+    import jax.numpy as jnp
+
+    from localleap_jax.denoiser import FunctionDenoiser
+    from stubs import StubModel, V, config, log_probs
+
+    first = jnp.asarray(log_probs(EOS, 0.99))  # block position 0: EOS, commits first
+    rest = [jnp.asarray(log_probs(WORD + k, 0.5)) for k in (1, 2)]
+
+    def logits_fn(x):
+        B, L = x.shape
+        other = jnp.where((x[:, -1] == MASK)[:, None], rest[0], rest[1])  # [B, V]
+        lp = jnp.broadcast_to(other[:, None, :], (B, L, V)).at[:, L - G].set(first)
+        return lp
+
+    model = StubModel(config(), FunctionDenoiser(logits_fn, V))
+    cfg = ll.DecodeConfig(strategy="low_confidence", steps=G, gen_length=G, block_length=T, early_stop=True)
+    out = ll.generate(model, *prompts(1), cfg, trace=True)
+    gen = out.tokens[0, out.prompt_length:]
+    assert np.argmax(out.trace.committed[0, :, 0]) == 0 and out.nfe[0] == T  # the case: EOS first, 3 passes after
+    np.testing.assert_array_equal(gen, [EOS] + [WORD + 1] * (T - 1) + [EOS] * (G - T))
+
+
 def test_rule_state_resets_when_a_row_enters_a_new_block():
     """`stable` (k=2) needs the same prediction twice: with its state reset at each block, every block
     takes exactly two passes. Predictions repeat per block offset, so a state carried over from the
