@@ -587,10 +587,8 @@ def main(argv=None) -> int:
     from localleap_jax import multihost
 
     if multihost.is_follower():
-        if not args.no_compile_cache:
-            from localleap_jax.lm_eval_adapter import read_compilation_cache
-            read_compilation_cache()
-        return multihost.follow_until_stopped("evaluation")  # runs the leader's generations; writes nothing
+        from localleap_jax.lm_eval_adapter import follow
+        return follow(compile_cache=not args.no_compile_cache)  # runs the leader's generations; writes nothing
     progress = Progress()
     try:
         with termination_as_interrupt(), multihost.leading():  # the followers are released however this ends
@@ -615,15 +613,13 @@ def join_processes(args) -> None:
     every device of every process (args.device_mesh; None: the single-process pmap path)."""
     from localleap_jax import multihost
     from localleap_jax.decode import DecodeError
-    from localleap_jax.sharding import mesh_from_text
 
     try:
         multihost.initialize(multihost.processes_from(args.coordinator, args.num_processes, args.process_id))
     except multihost.DistributedError as e:
         raise UserError(str(e)) from None
-    text = args.mesh if args.mesh is not None else ("model=1" if multihost.is_multiprocess() else None)
     try:
-        args.device_mesh = None if text is None else mesh_from_text(text)
+        args.device_mesh = multihost.mesh_for_run(args.mesh)
     except DecodeError as e:
         raise UserError(f"--{e}") from None
     args.mesh_shape = None if args.device_mesh is None else dict(args.device_mesh.shape)

@@ -529,13 +529,15 @@ def preflight(given: dict) -> None:
     check_checkpoint(settings, cfg)
 
 
-def read_compilation_cache() -> None:
-    """A follower reads programs process 0 compiled before, where there are any; JAX writes entries only
-    from process 0, and a follower creates no directory."""
+def follow(compile_cache: bool) -> int:
+    """A follower's whole evaluation: carry out process 0's generations until it stops (no lm-eval, no
+    files). With `compile_cache` it reads the programs process 0 compiled before, where there are any
+    (JAX writes entries only from process 0, and a follower creates no directory)."""
     from localleap_jax.compile_cache import DEFAULT_DIR, enable_compilation_cache
 
-    if DEFAULT_DIR.is_dir():
+    if compile_cache and DEFAULT_DIR.is_dir():
         enable_compilation_cache()
+    return multihost.follow_until_stopped("evaluation")
 
 
 def processes_of(settings: dict) -> multihost.Processes:
@@ -551,20 +553,15 @@ def join_and_mesh(settings: dict):
     model_args mesh over every device, model=1 for several processes without one, else None (pmap)."""
     import jax
 
-    from localleap_jax.sharding import mesh_from_text
-
     processes = processes_of(settings)
     if processes.joins and not jax.distributed.is_initialized():
         multihost.initialize(processes)
-    mesh = settings["mesh"]
-    if mesh is None and multihost.is_multiprocess():
-        mesh = "model=1"
-    if isinstance(mesh, str):
-        try:
-            mesh = mesh_from_text(mesh)
-        except DecodeError as e:
-            raise ModelArgsError(f"model_args {e}") from None
-    return mesh
+    if isinstance(settings["mesh"], jax.sharding.Mesh):
+        return settings["mesh"]
+    try:
+        return multihost.mesh_for_run(settings["mesh"])
+    except DecodeError as e:
+        raise ModelArgsError(f"model_args {e}") from None
 
 
 # ---------------------------------------------------------------- the model
@@ -844,9 +841,7 @@ def main(argv: list[str] | None = None) -> int:
             settings, _ = parse_model_args(given)
             multihost.initialize(processes_of(settings))  # before anything touches a JAX backend
             if multihost.is_follower():  # no lm-eval here: carry out process 0's generations
-                if settings["compile_cache"]:
-                    read_compilation_cache()
-                return multihost.follow_until_stopped("evaluation")
+                return follow(settings["compile_cache"])
         with multihost.leading(), generation_tasks_only():  # the followers are released however this ends
             cli.execute(args)
     except multihost.LostProcessError as e:

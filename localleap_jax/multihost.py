@@ -149,6 +149,19 @@ def is_multiprocess() -> bool:
     return jax.distributed.is_initialized() and jax.process_count() > 1
 
 
+def mesh_for_run(text: str | None):
+    """The mesh a run generates on: `text` (data=D,model=M) over every device of every process; model=1
+    for several processes given none; None for a lone process given none (the pmap path). A mistake in
+    `text` is a DecodeError."""
+    from localleap_jax.sharding import mesh_from_text
+
+    if text is None:
+        if not is_multiprocess():
+            return None
+        text = "model=1"
+    return mesh_from_text(text)
+
+
 def is_follower() -> bool:
     """Whether this process follows process 0 (False for a lone process, without starting a backend)."""
     return is_multiprocess() and process_index() != 0
@@ -629,5 +642,5 @@ def exit_lost(message: str, status: int = EXIT_LOST) -> None:
 
 __all__ = ["BroadcastTransport", "DistributedError", "Follower", "Leader", "LostProcessError", "Message",
            "Processes", "all_succeed", "config_from_json", "config_to_json", "exit_lost", "follow",
-           "follow_until_stopped", "initialize", "is_follower", "is_multiprocess", "leader", "leading", "pack", "processes_from", "receive",
+           "follow_until_stopped", "initialize", "is_follower", "is_multiprocess", "mesh_for_run", "leader", "leading", "pack", "processes_from", "receive",
            "rule_from_json", "rule_to_json", "send", "signals_deferred", "unpack"]

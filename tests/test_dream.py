@@ -18,6 +18,8 @@ from localleap_jax import reference_torch
 from localleap_jax.config import ConfigError, ModelConfig
 from localleap_jax.model import forward, head, positions_from_mask, trunk
 
+import near_misses
+
 # fp32 against transformers' Qwen2 (logit scale ~2.2): measured max |diff| 5.7e-6 to 8.0e-6 over seeds 0-4 of
 # [2, 37] ids, 4.1e-6 to 6.4e-6 with a key mask, 4.5e-6 to 7.2e-6 unshifted; transformers' own fp32 differs from
 # its float64 run by as much (5.7e-6 to 7.3e-6). Near misses measured the same way: RoPE theta 1e4 (the default)
@@ -86,22 +88,12 @@ def test_qkv_biases_are_converted_and_matter(dream_hf_checkpoint, dream32):
         assert err > 0.4  # measured 1.1 (k) to 1.8 (q) over seeds 0-4
 
 
-def _rope_interleaved(x, positions, theta):
-    """GPT-J's convention: rotate the pairs (x[2i], x[2i+1]), not the halves."""
-    H = x.shape[-1]
-    angles = positions.astype(jnp.float32)[..., None, None] * (theta ** (-np.arange(0, H, 2, dtype=np.float32) / H))
-    x32 = x.astype(jnp.float32)
-    even, odd = x32[..., ::2], x32[..., 1::2]
-    out = jnp.stack([even * jnp.cos(angles) - odd * jnp.sin(angles), even * jnp.sin(angles) + odd * jnp.cos(angles)], -1)
-    return out.reshape(x.shape).astype(x.dtype)
-
-
 @pytest.mark.parametrize("name", ["theta 1e4", "interleaved rope"])
 def test_the_fp32_tolerance_sees_near_miss_rope(dream_hf_checkpoint, dream32, monkeypatch, name):
     from localleap_jax import model as model_module
 
     rope = model_module.rope
-    variant = {"theta 1e4": lambda x, p, theta: rope(x, p, 1e4), "interleaved rope": _rope_interleaved}[name]
+    variant = {"theta 1e4": lambda x, p, theta: rope(x, p, 1e4), "interleaved rope": near_misses.rope_interleaved}[name]
     model = dream32
     ids = _ids(300, (2, 37))
     monkeypatch.setattr(model_module, "rope", variant)

@@ -18,6 +18,8 @@ from localleap_jax import model as model_module
 from localleap_jax import reference_torch
 from localleap_jax.model import attention, forward, head, positions_from_mask, rms_norm, rope, trunk
 
+import near_misses
+
 # fp32 logits against transformers' Llama (3 layers, logit scale ~1.7): measured max |diff| 2.3e-6 over seeds 0-4
 # of [2, 37] ids (1.7e-6 with a key mask, 1.3e-6 for the GQA model). The near misses it must see (measured the same
 # way): eps outside the sqrt 2.5e-5, eps added after the rsqrt 8e-5, RoPE theta x1.01 1e-2, interleaved RoPE 1.5.
@@ -53,34 +55,14 @@ def test_fp32_logits_match_transformers_llama(hf_checkpoint, model32):
     assert ours.shape == (2, 37, hf_checkpoint[1]["embedding_size"])
 
 
-def _rms_eps_outside_sqrt(x, scale, eps):
-    x32 = x.astype(jnp.float32)
-    return scale * (x32 / (jnp.sqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True)) + eps)).astype(x.dtype)
-
-
-def _rms_eps_after_rsqrt(x, scale, eps):
-    x32 = x.astype(jnp.float32)
-    return scale * (x32 * (jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True)) + eps)).astype(x.dtype)
-
-
-def _rope_interleaved(x, positions, theta):
-    """GPT-J's convention: rotate the pairs (x[2i], x[2i+1]), not the halves."""
-    H = x.shape[-1]
-    angles = positions.astype(jnp.float32)[..., None, None] * (theta ** (-np.arange(0, H, 2, dtype=np.float32) / H))
-    x32 = x.astype(jnp.float32)
-    even, odd = x32[..., ::2], x32[..., 1::2]
-    out = jnp.stack([even * jnp.cos(angles) - odd * jnp.sin(angles), even * jnp.sin(angles) + odd * jnp.cos(angles)], -1)
-    return out.reshape(x.shape).astype(x.dtype)
-
-
 _ROPE = rope
 
 
 @pytest.mark.parametrize("name, replace, variant", [
-    ("eps outside the sqrt", "rms_norm", _rms_eps_outside_sqrt),
-    ("eps after the rsqrt", "rms_norm", _rms_eps_after_rsqrt),
+    ("eps outside the sqrt", "rms_norm", near_misses.rms_eps_outside_sqrt),
+    ("eps after the rsqrt", "rms_norm", near_misses.rms_eps_after_rsqrt),
     ("theta off by 1%", "rope", lambda x, p, theta: _ROPE(x, p, theta * 1.01)),
-    ("interleaved rope", "rope", _rope_interleaved),
+    ("interleaved rope", "rope", near_misses.rope_interleaved),
 ])
 def test_the_fp32_tolerance_sees_near_miss_maths(hf_checkpoint, model32, monkeypatch, name, replace, variant):
     """The parity tolerance is tight enough to fail each of these variants (the bug the parity test is for)."""
