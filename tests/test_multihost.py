@@ -417,7 +417,10 @@ def test_two_processes_match_one_write_only_from_process_0_and_resume(tmp_path):
         assert summary["config"]["mesh"] == {"data": 2, "model": 2} and summary["config"]["processes"] == 2
 
         # 3. The follower wrote nothing: no file opened for writing, no directory changed, anywhere.
-        assert all(line.startswith("[Gloo]") for line in second.out(1).splitlines()), second.out(1)  # gloo's notes only
+        # gloo's notes only: gloo's threads print them unsynchronised, so two may interleave mid-line; what is left
+        # once their two halves are taken out must be nothing
+        assert not re.sub(r"\[Gloo\] Rank \d+ is connected to |\d+ peer ranks\. Expected number of connected peer "
+                          r"ranks is : \d+", "", second.out(1)).strip(), second.out(1)
         for run in runs:
             assert not any(run.own.iterdir()), list(run.own.iterdir())
             if run.trace is not None:
