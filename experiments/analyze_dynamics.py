@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "experiments"))
 
-from eval_gsm8k import DEFAULTS, UserError, read_gsm8k_jsonl  # noqa: E402
+from localleap_jax.gsm8k import UserError, model_defaults, read_gsm8k_jsonl  # noqa: E402
 
 GENERATION_FLAGS = ("checkpoint", "data", "limit", "strategy", "gen_length", "block_length", "batch_size",
                     "cache", "early_stop", "dtype", "no_compile_cache")
@@ -82,7 +82,7 @@ def load_problems(args, manifest: dict) -> tuple[list[dict], str]:
         rows = read_gsm8k_jsonl(path)
         desc = str(path.resolve())
     elif manifest.get("eval_data") == "synthetic_math":
-        import synthetic_math
+        from localleap_jax import synthetic_math
         spec = manifest.get("eval_data_spec", {"n": 500, "seed": 0})
         rows = synthetic_math.take("test", spec["n"], spec["seed"])
         desc = f"synthetic_math test split ({spec['n']} held-out problems, seed {spec['seed']})"
@@ -147,8 +147,9 @@ def generate_traces(model, prompts: list[str], cfg, batch_size: int, trace_dir: 
 def generate_and_save(args, out: Path) -> list[Path]:
     """Load the model and data, check the settings, generate; returns the trace files."""
     import localleap_jax as ll
-    from localleap_jax.checkpoint import read_manifest, resolve_checkpoint
-    from localleap_jax.lm_eval_adapter import default_dtype
+    from localleap_jax.checkpoint import read_manifest
+    from localleap_jax.convert_hf import resolve_checkpoint
+    from localleap_jax.lm_eval import default_dtype
 
     if args.limit is not None and args.limit <= 0:
         raise UserError(f"--limit {args.limit}: must be a positive number of problems")
@@ -159,7 +160,7 @@ def generate_and_save(args, out: Path) -> list[Path]:
         manifest = read_manifest(path)
     except (ll.CheckpointError, ll.ConfigError) as e:
         raise UserError(str(e)) from None
-    defaults = {**DEFAULTS, **manifest.get("eval_defaults", {})}
+    defaults = model_defaults(manifest)
     for key in ("gen_length", "block_length"):
         if getattr(args, key) is None:
             setattr(args, key, defaults[key])

@@ -21,7 +21,7 @@ loop and selection overhead is visible; and the peak temporary memory of one dec
 the LM head on the whole canvas vs on the current block only.
 
 `--mesh` (';' between meshes) adds, per strategy and cache, one row per (data, model) mesh
-(`generate(..., mesh=)`, localleap_jax.sharding) and one for the pmap path over the same devices,
+(`generate(..., mesh=)`, localleap_jax.dist.mesh) and one for the pmap path over the same devices,
 so their tokens/s stand side by side (on CPU's virtual devices, a sanity check only).
 """
 
@@ -57,7 +57,7 @@ def generated_tokens(tokens: np.ndarray, prompt_length: int, stop_ids) -> int:
 
 def parse_meshes(text: str):
     """'data=4,model=2;data=1,model=8' -> [(label, Mesh), ...] over the local devices."""
-    from localleap_jax.sharding import make_mesh, parse_mesh
+    from localleap_jax.partition import make_mesh, parse_mesh
 
     out = []
     for item in filter(None, (t.strip() for t in text.split(";"))):
@@ -80,18 +80,18 @@ def timed_row(label: str, run, B: int, strategy: str, stop_ids, torch_tps) -> di
 
 def step_functions(model, P: int, cfg):
     """One decode step's model call and prediction: LM head on the whole canvas, or on the block only."""
-    from localleap_jax.decode import predict, special_ids
+    from localleap_jax.decode import predict
     from localleap_jax.model import forward, head, positions_from_mask, trunk
 
-    special = special_ids(model)
-    loop = cfg.loop_settings()
+    special = model.special
+    scoring = cfg.loop_settings().scoring
 
     def full_head(params, ids, mask):  # what the published code does: logits for every position
-        return predict(forward(params, ids, mask, model.config), loop, special, None)[:2]
+        return predict(forward(params, ids, mask, model.config), scoring, special, None)[:2]
 
     def block_head(params, ids, mask):  # what generate does
         h, _ = trunk(params, ids, positions_from_mask(mask), mask, model.config)
-        return predict(head(params, h[:, P:P + cfg.block_length], model.config), loop, special, None)[:2]
+        return predict(head(params, h[:, P:P + cfg.block_length], model.config), scoring, special, None)[:2]
 
     return jax.jit(full_head), jax.jit(block_head)
 
@@ -197,7 +197,7 @@ def main(argv=None):
                 sharded = [(f"{label} {cache}", lambda m=mesh: ll.generate(model, ids, mask, c, mesh=m))
                            for label, mesh in meshes]
                 if meshes and jax.local_device_count() > 1:
-                    from localleap_jax.parallel import generate_parallel
+                    from localleap_jax.dist.pmap import generate_parallel
                     sharded.append((f"pmap x{jax.local_device_count()} {cache}",
                                     lambda: generate_parallel(model, ids, mask, c)))
                 for label, run in sharded:

@@ -94,12 +94,13 @@ def write_checkpoint(path: Path, layers: int, vocab: int, d_model: int, chunk_by
 
 def measure(mode: str, path: str, verify: bool, process_id: int | None, port: int | None) -> dict:
     if process_id is not None:
-        from localleap_jax import multihost
-        multihost.initialize(multihost.Processes(f"localhost:{port}", 2, process_id))
+        from localleap_jax import processes
+        processes.initialize(processes.Processes(f"localhost:{port}", 2, process_id))
     import jax
 
     import localleap_jax as ll
-    from localleap_jax.sharding import addressable_bytes, make_mesh, shard_params
+    from localleap_jax.dist.mesh import addressable_bytes, shard_params
+    from localleap_jax.partition import make_mesh
 
     # Start the backend and load the small embedded model once (Orbax, TensorStore and the tokenizer
     # libraries imported and warm): what they take is not this checkpoint's loading.

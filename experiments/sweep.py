@@ -7,8 +7,9 @@
         --output runs/sweep-llada                                     # GPU/TPU
 
 Every point is one rule with one setting per axis of its grid ("threshold:kappa=0.7"), scored on GSM8K
-by lm-eval exactly as `eval_gsm8k.py --strategies <that point>` scores it (the same functions: the
-same prompts, batches, filters, metric and resume cache), so its answers are the ones eval_gsm8k gives.
+by lm-eval exactly as `eval_gsm8k.py --strategies <that point>` scores it (the same functions, from
+`localleap_jax.gsm8k`: the same prompts, batches, filters, metric and resume cache), so its answers are
+the ones eval_gsm8k gives.
 Each point runs in batches of its own, so its tokens/s is its own (a batch holding several settings
 would share one wall time among them); the settings are traced, so a rule's whole grid runs on the
 programs its first point compiled (one per batch shape and prompt bucket; sweep.json counts them).
@@ -50,8 +51,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "experiments"))
 
-import eval_gsm8k as ev  # noqa: E402
-from eval_gsm8k import UserError  # noqa: E402
+from localleap_jax.compile_cache import compiled_programs  # noqa: E402
+from localleap_jax.decode import CACHE_MODES, DecodeError  # noqa: E402
+from localleap_jax.gsm8k import (EvalSettings, OneLineParser, Progress, UserError, check_gen_length,  # noqa: E402
+                                 check_output, collect, config_record, count, exit_status, find_checkpoint, holding,
+                                 load_model, plan_data, positive, run_strategy, seed, summarize, write_atomically,
+                                 write_task)
 
 RULE_NAMES = ("low_confidence", "threshold", "localleap", "factor", "eb", "margin", "entropy", "klass", "stable")
 
@@ -113,24 +118,24 @@ METRIC = "accuracy_strict"  # what the frontiers and Figure 4 plot (lm-eval's st
 
 
 def parse_args(argv=None):
-    ap = ev.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--checkpoint", help="converted checkpoint directory (default: the embedded small model)")
     src.add_argument("--model", help="hub id, converted once and reused (as eval_gsm8k.py --model)")
     ap.add_argument("--data", help="GSM8K-format JSONL (default: the embedded model's held-out synthetic split)")
     ap.add_argument("--fewshot-data", help="JSONL to draw few-shot examples from (as eval_gsm8k.py)")
-    ap.add_argument("--limit", type=ev.positive, default=100, help="problems per point (default %(default)s)")
-    ap.add_argument("--batch-size", type=ev.positive, default=50,
+    ap.add_argument("--limit", type=positive, default=100, help="problems per point (default %(default)s)")
+    ap.add_argument("--batch-size", type=positive, default=50,
                     help="rows per batch (default %(default)s: --limit 100 is two full batches, one program per "
                          "rule and prompt bucket)")
-    ap.add_argument("--gen-length", type=ev.positive, help="generation canvas (default 256; embedded model: 64)")
-    ap.add_argument("--block-length", type=ev.positive, help="block size (default 32; embedded model: 16)")
-    ap.add_argument("--num-fewshot", type=ev.count, help="few-shot examples (default 5; embedded model: 0)")
+    ap.add_argument("--gen-length", type=positive, help="generation canvas (default 256; embedded model: 64)")
+    ap.add_argument("--block-length", type=positive, help="block size (default 32; embedded model: 16)")
+    ap.add_argument("--num-fewshot", type=count, help="few-shot examples (default 5; embedded model: 0)")
     ap.add_argument("--truncate-fewshot", action="store_true", help="as eval_gsm8k.py")
-    ap.add_argument("--cache", default="none", choices=ev.CACHE_MODES, help="KV cache (default %(default)s)")
+    ap.add_argument("--cache", default="none", choices=CACHE_MODES, help="KV cache (default %(default)s)")
     ap.add_argument("--early-stop", action="store_true", help="stop a row after a finished block that holds EOS")
     ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"))
-    ap.add_argument("--seed", type=ev.seed, default=0)
+    ap.add_argument("--seed", type=seed, default=0)
     ap.add_argument("--no-compile-cache", action="store_true", help="do not use JAX's persistent compilation cache")
     ap.add_argument("--strategies", default=",".join(RULE_NAMES),
                     help="comma-separated rule names whose grids make the Pareto plot (default: all: %(default)s)")
@@ -156,8 +161,17 @@ def parse_args(argv=None):
             ap.error(f"argument --grid: {name} is not among --strategies ({', '.join(args.strategies)})")
     if args.fewshot_data and not args.data:
         ap.error("argument --fewshot-data: needs --data")
-    args.device_mesh = args.mesh_shape = None  # one process, a model copy per local device (no --mesh here)
     return args
+
+
+def eval_settings_of(args, manifest: dict) -> EvalSettings:
+    """What every point is scored with: these flags, the model's defaults for the canvas, no rule setting
+    (a point's settings travel in its spec, never in --kappa & co), one process with a model copy per local
+    device (no --mesh here)."""
+    return EvalSettings.for_model(
+        manifest, gen_length=args.gen_length, block_length=args.block_length, num_fewshot=args.num_fewshot,
+        batch_size=args.batch_size, limit=args.limit, seed=args.seed, truncate_fewshot=args.truncate_fewshot,
+        early_stop=args.early_stop, cache=args.cache, compile_cache=not args.no_compile_cache)
 
 
 def parse_strategies(text: str) -> list[str]:
@@ -178,7 +192,6 @@ def parse_strategies(text: str) -> list[str]:
 
 def parse_values(flag: str, key: str, text: str) -> list:
     from localleap_jax.rules.registry import parse_value
-    from localleap_jax.rules import DecodeError
 
     values = []
     for piece in text.split(";"):
@@ -264,22 +277,21 @@ def point_spec(name: str, settings: dict) -> str:
     return ll.rule(name, **settings).spec()
 
 
-def check_point(name: str, settings: dict, args) -> tuple[str | None, str | None]:
+def check_point(name: str, settings: dict, eval_settings: EvalSettings) -> tuple[str | None, str | None]:
     """(spec, None) for a point eval_gsm8k would run, else (None, why it refuses it)."""
     import localleap_jax as ll
-    from localleap_jax.decode import DecodeError
 
     try:
         # The rule object first: a spec leaves None settings out, so 'threshold' with kappa=None would
         # read back as the default kappa instead of being refused.
-        spec = ll.rule(name, **settings).validate(args.gen_length, args.block_length).spec()
-        ev.decode_config(spec, args.cache, args).validate()  # what eval_gsm8k checks
+        spec = ll.rule(name, **settings).validate(eval_settings.gen_length, eval_settings.block_length).spec()
+        eval_settings.decode_config(spec).validate()  # what eval_gsm8k checks
     except DecodeError as e:
         return None, str(e)
     return spec, None
 
 
-def grid_points(name: str, axes: dict[str, list], args) -> list[str]:
+def grid_points(name: str, axes: dict[str, list], eval_settings: EvalSettings) -> list[str]:
     """The specs of every combination of `axes` the rule accepts, in product order.
 
     A combination the rule refuses (localleap with tau > kappa) is left out; a value refused in every
@@ -287,7 +299,7 @@ def grid_points(name: str, axes: dict[str, list], args) -> list[str]:
     keys = list(axes)
     kept, refused = [], {}
     for combo in itertools.product(*(axes[k] for k in keys)):
-        spec, why = check_point(name, dict(zip(keys, combo)), args)
+        spec, why = check_point(name, dict(zip(keys, combo)), eval_settings)
         if why is None:
             kept.append(spec)
         else:
@@ -303,50 +315,50 @@ def grid_points(name: str, axes: dict[str, list], args) -> list[str]:
     return list(dict.fromkeys(kept))
 
 
-def figure4_points(args) -> dict[str, list[tuple[float, str]]]:
+def figure4_points(args, eval_settings: EvalSettings) -> dict[str, list[tuple[float, str]]]:
     """Figure 4's series: setting -> [(value, spec)], the other two settings at the centre."""
-    _, why = check_point("localleap", args.center, args)
+    _, why = check_point("localleap", args.center, eval_settings)
     if why:
         raise UserError(f"--center: {why}")
     series = {}
     for key, values in {**ABLATIONS[args.grids], **args.ablation}.items():
         series[key] = []
         for value in values:
-            spec, why = check_point("localleap", {**args.center, key: value}, args)
+            spec, why = check_point("localleap", {**args.center, key: value}, eval_settings)
             if why:
                 raise UserError(f"--ablation {key}={value}: {why}")
             series[key].append((value, spec))
     return series
 
 
-def preset_grid(name: str, args) -> dict[str, list]:
-    """A preset grid on this canvas: tokens-per-step values become steps (those the blocks cannot take
-    are left out)."""
+def preset_grid(name: str, preset: str, eval_settings: EvalSettings) -> dict[str, list]:
+    """A preset grid ("small", "large") on this canvas: tokens-per-step values become steps (those the
+    blocks cannot take are left out)."""
     grid = {}
-    for key, values in GRIDS[args.grids][name].items():
-        values = [v.steps(args.gen_length, args.block_length) if isinstance(v, PerStep) else v for v in values]
+    for key, values in GRIDS[preset][name].items():
+        values = [v.steps(eval_settings.gen_length, eval_settings.block_length) if isinstance(v, PerStep) else v
+                  for v in values]
         grid[key] = list(dict.fromkeys(v for v in values if v is not NotImplemented))
     return grid
 
 
-def check_canvas(args) -> None:
+def check_canvas(eval_settings: EvalSettings) -> None:
     """The flags every point shares (gen/block length, cache), checked once so a mistake there is not
     reported as one of a grid's values."""
-    from localleap_jax.decode import DecodeError
-
     try:
-        ev.decode_config(BASELINE, args.cache, args).validate()
+        eval_settings.decode_config(BASELINE).validate()
     except DecodeError as e:
         raise UserError(str(e)) from None
 
 
-def plan_points(args) -> tuple[dict[str, list[str]], dict[str, list[tuple[float, str]]] | None]:
-    """({rule: its Pareto points}, Figure 4's series or None), everything checked before any work."""
-    check_canvas(args)
-    grids = {name: args.grid.get(name) or preset_grid(name, args) for name in args.strategies}
-    args.grid = grids  # the grids swept, as sweep.json records them
-    pareto = {name: grid_points(name, axes, args) for name, axes in grids.items()}
-    return pareto, None if args.skip_figure4 else figure4_points(args)
+def plan_points(args, eval_settings: EvalSettings) -> tuple[dict[str, dict[str, list]], dict[str, list[str]],
+                                                            dict[str, list[tuple[float, str]]] | None]:
+    """({rule: the grid swept}, {rule: its Pareto points}, Figure 4's series or None), everything checked
+    before any work."""
+    check_canvas(eval_settings)
+    grids = {name: args.grid.get(name) or preset_grid(name, args.grids, eval_settings) for name in args.strategies}
+    pareto = {name: grid_points(name, axes, eval_settings) for name, axes in grids.items()}
+    return grids, pareto, None if args.skip_figure4 else figure4_points(args, eval_settings)
 
 
 def run_order(pareto: dict[str, list[str]], figure4: dict | None) -> dict[str, list[str]]:
@@ -471,42 +483,40 @@ def sentence(c: dict, what: str) -> str:
 
 @dataclasses.dataclass
 class CompileCount:
-    """Programs compiled while one rule's points ran (decode._COMPILED entries added), by batch shape."""
+    """Decode programs compiled while one rule's points ran (compile_cache.compiled_programs() added), by
+    batch shape."""
 
     programs: int = 0
     shapes: list = dataclasses.field(default_factory=list)  # [batch, padded prompt length] of each program
     per_point: list = dataclasses.field(default_factory=list)  # programs added by each point, in run order
 
 
-def compiled_shapes(keys) -> list[list[int]]:
-    """[B, P] of each compiled program's ids (decode.compile_once keys: settings, denoiser, inputs signatures)."""
-    return [list(key[2][1][0].shape) for key in keys]
+def decode_programs_since(seen: int) -> list:
+    """The decode programs compiled in this process after the first `seen` programs of any kind."""
+    return [p for p in compiled_programs()[seen:] if p.kind.startswith("decode/")]
 
 
-def score_points(model, groups: dict[str, list[str]], args, task, include, data_id, out: Path,
+def score_points(model, groups: dict[str, list[str]], eval_settings: EvalSettings, task, out: Path,
                  progress) -> tuple[dict, list[dict], dict[str, CompileCount], int]:
     """Every point through eval_gsm8k's lm-eval pass: (results by spec, sample rows, compile counts by rule,
     batches generated)."""
-    from localleap_jax import decode
-
     results, rows, compiles, batches = {}, [], {}, 0
     total = sum(map(len, groups.values()))
     done = 0
     for name, specs in groups.items():
         count = compiles[name] = CompileCount()
         for spec in specs:
-            before = set(decode._COMPILED)
+            seen = len(compiled_programs())
             t0 = time.time()
-            lm, samples, generated = ev.run_strategy(model, spec, args.cache, args, task, include, data_id, out,
-                                                     progress)
-            new = [k for k in decode._COMPILED if k not in before]
+            lm, samples, generated = run_strategy(model, spec, eval_settings, task, out, progress)
+            new = decode_programs_since(seen)
             count.programs += len(new)
-            count.shapes += compiled_shapes(new)
+            count.shapes += [list(p.shapes[0]) for p in new]  # the token ids [B, P] come first
             count.per_point.append(len(new))
             batches += generated
-            point_rows = ev.collect(spec, lm, samples)
+            point_rows = collect(spec, lm, samples)
             rows += point_rows
-            results[spec] = {"rule": name, **ev.summarize(point_rows), "batches_generated": generated}
+            results[spec] = {"rule": name, **summarize(point_rows), "batches_generated": generated}
             done += 1
             r = results[spec]
             print(f"[{done}/{total}] {spec}: {r[METRIC]:.3f} strict, mean NFE {r['mean_nfe']:.2f}, "
@@ -529,57 +539,40 @@ def figure4_record(results: dict, series: dict, center: dict) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    progress = ev.Progress()
-    try:
-        with ev.termination_as_interrupt():
-            return run(args, progress)
-    except (UserError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return ev.EXIT_ERROR
-    except KeyboardInterrupt as e:
-        progress.flush()
-        print(progress.interrupted(str(e) or "Ctrl-C"), file=sys.stderr)
-        return ev.EXIT_INTERRUPTED
-
-
-def as_eval_args(args):
-    """The flags eval_gsm8k's functions read: a point's settings travel in its spec, never in --kappa & co."""
-    args.kappa = args.tau = args.radius = args.steps = None
-    args.caches = [args.cache]
-    return args
+    progress = Progress()
+    return exit_status(lambda: run(args, progress), progress)
 
 
 def run(args, progress) -> int:
     # Everything that can be checked cheaply is checked before anything is created or loaded.
     out = Path(args.output).expanduser().resolve()
-    ev.check_output(out)
-    args = as_eval_args(args)
-    path, manifest = ev.find_checkpoint(args)
-    args.strategies, names = [], args.strategies  # eval_gsm8k checks its own --strategies there; points come next
-    ev.check_settings(args, manifest)
-    args.strategies = names
-    ev.check_gen_length(args, path)
-    pareto, series = plan_points(args)
+    check_output(out)
+    path, manifest = find_checkpoint(args.model or args.checkpoint)
+    eval_settings = eval_settings_of(args, manifest)
+    check_gen_length(eval_settings.gen_length, path)
+    grids, pareto, series = plan_points(args, eval_settings)
     groups = run_order(pareto, series)
-    plan = ev.plan_data(args, manifest)
+    plan = plan_data(args.data, args.fewshot_data, eval_settings.num_fewshot, manifest)
 
-    with ev.holding(out, progress):  # one run at a time holds the directory
-        model = ev.load_model(path, args)
-        task, include, data_id = ev.write_task(plan, out)
+    with holding(out, progress):  # one run at a time holds the directory
+        model = load_model(path, args.dtype)
+        task = write_task(plan, out)
         print(f"model {path} ({model.config.num_params / 1e6:.1f}M params, {model.dtype}); data: {plan.description}; "
               f"limit {args.limit}; {sum(map(len, groups.values()))} points over {len(groups)} rules; output {out}")
-        results, rows, compiles, batches = score_points(model, groups, args, task, include, data_id, out, progress)
-        record = sweep_record(args, path, model, plan, task, results, pareto, series, compiles, batches)
+        results, rows, compiles, batches = score_points(model, groups, eval_settings, task, out, progress)
+        record = sweep_record(args, grids, eval_settings, path, model, plan, task, results, pareto, series, compiles,
+                              batches)
         write_outputs(out, record, rows, pareto, series)
     print_report(record)
     print(f"\nwrote {', '.join(sorted(p.name for p in out.glob('*.png')))}, sweep.json and samples.jsonl in {out}")
     return 0
 
 
-def sweep_record(args, path, model, plan, task, results, pareto, series, compiles, batches) -> dict:
+def sweep_record(args, grids, eval_settings, path, model, plan, task, results, pareto, series, compiles,
+                 batches) -> dict:
     n = min(r["n"] for r in results.values())
-    config = {**ev.config_record(args, path, model, plan, task), "grids": args.grids,
-              "grid": args.grid,
+    config = {**config_record(eval_settings, args.cache, path, model, plan, task), "grids": args.grids,
+              "grid": grids,  # the grids swept
               "metric": METRIC}
     return {
         "config": config,
@@ -598,8 +591,8 @@ def write_outputs(out: Path, record: dict, rows: list[dict], pareto: dict, serie
     plots.pareto_plot(out / "pareto.png", record["points"], record["pareto"], METRIC)
     if series is not None:
         plots.figure4_plot(out / "figure4.png", record["figure4"], METRIC)
-    ev.write_atomically(out / "samples.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
-    ev.write_atomically(out / "sweep.json", json.dumps(plots.jsonable(record), indent=1, allow_nan=False))
+    write_atomically(out / "samples.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    write_atomically(out / "sweep.json", json.dumps(plots.jsonable(record), indent=1, allow_nan=False))
 
 
 def print_report(record: dict) -> None:

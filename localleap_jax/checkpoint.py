@@ -26,14 +26,17 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from localleap_jax.config import ConfigError, ModelConfig
+from localleap_jax.denoiser import ModelDenoiser, SpecialIds
+from localleap_jax.errors import first_line
 from localleap_jax.model import Params, init_params
+from localleap_jax.partition import model_split_axis, param_shardings, path_names
 from localleap_jax.tokenizer import TOKENIZER_FILES, Tokenizer, TokenizerError
 
 FORMAT = "localleap-jax-checkpoint/1"
@@ -58,6 +61,17 @@ class Model:
     @property
     def dtype(self) -> jnp.dtype:
         return self.params["wte"]["embedding"].dtype
+
+    @property
+    def denoiser(self) -> ModelDenoiser:
+        """What the decode loop runs (the parameters and the config, model.py's pure functions)."""
+        return ModelDenoiser(self.params, self.config)
+
+    @property
+    def special(self) -> SpecialIds:
+        """The ids the decode loop treats specially: mask and EOS from the config, EOT and the decodable ids
+        from the tokenizer."""
+        return SpecialIds.of(self.config, self.tokenizer)
 
 
 def abstract_params(config: ModelConfig, dtype: Any = jnp.bfloat16) -> Params:
@@ -134,10 +148,8 @@ CHUNK_BYTES = 64 * 2**20
 
 def chunking(params: Params, chunk_bytes: int | None = CHUNK_BYTES):
     """Orbax SaveArgs per leaf: chunks of at most `chunk_bytes`, cut first along the dimension the
-    model axis splits (localleap_jax.sharding.model_split_axis). None: one chunk per array."""
+    model axis splits (localleap_jax.partition.model_split_axis). None: one chunk per array."""
     import orbax.checkpoint as ocp
-
-    from localleap_jax.sharding import model_split_axis, path_names
 
     def save_args(keypath, leaf):
         axis = model_split_axis(path_names(keypath), tuple(leaf.shape))
@@ -228,21 +240,6 @@ def save(out: str | Path, config: ModelConfig, params: Params, tokenizer_dir: st
                                readme=readme or f"# {config.family} checkpoint\n\n{json.dumps(config.to_hf_dict())}\n",
                                chunk_bytes=chunk_bytes)
     return Path(out)
-
-
-def resolve_checkpoint(name: str | Path | None) -> Path:
-    """A checkpoint directory from a name: None/"embedded" (the shipped small model), a directory,
-    or a hub id such as GSAI-ML/LLaDA-8B-Instruct or Dream-org/Dream-v0-Instruct-7B (converted once
-    into a cache, then reused)."""
-    if name is None or str(name) in ("", "embedded"):
-        if not (EMBEDDED / "manifest.json").exists():
-            raise CheckpointError(f"the embedded model is missing ({EMBEDDED}); reinstall the package")
-        return EMBEDDED
-    path = Path(name).expanduser()
-    if path.exists() or str(name).count("/") != 1 or str(name).startswith((".", "/", "~")):
-        return path
-    from localleap_jax.convert_hf import cached_conversion  # a hub id (convert_hf imports this module)
-    return cached_conversion(str(name))
 
 
 def read_manifest(path: str | Path) -> dict:
@@ -393,28 +390,30 @@ def parameter_dtype(dtype: str | Any) -> jnp.dtype:
     return parsed
 
 
-def load(path: str | Path, dtype: str | Any = "bfloat16", verify: bool = True, mesh=None) -> Model:
+def load(path: str | Path, dtype: str | Any = "bfloat16", verify: bool = True, mesh=None,
+         agree: Callable[[Callable[[], Any], str], Any] | None = None) -> Model:
     """Restore a checkpoint directory with Orbax, straight into `dtype`: on one local device, or, with
-    `mesh` (localleap_jax.sharding.make_mesh), straight into each parameter's shards on the mesh.
+    `mesh` (localleap_jax.partition.make_mesh), straight into each parameter's shards on the mesh.
 
     On a mesh each device reads only its own slices of the files (Orbax restores into the
-    NamedShardings of `sharding.param_shardings`), so no host and no device ever holds the whole model
-    when the mesh splits it. With several processes (localleap_jax.multihost) every process calls
-    `load` at the same time and restores the shards of its own devices; the checkpoint must be at
-    `path` on every host. If any process cannot load (a missing or damaged file on one host), every
-    process raises CheckpointError, so none is left waiting for the others.
+    NamedShardings of `partition.param_shardings`), so no host and no device ever holds the whole model
+    when the mesh splits it.
 
     The files under params/ must have the sizes manifest.json recorded; with `verify` (default)
     also the same sha256, hashed on other threads while Orbax restores (about 2 s/GB on one
     busy core; `verify=False` skips it). Parameters that are not finite are always refused.
-    """
-    from localleap_jax.multihost import all_succeed
 
+    `agree(step, what)` runs each step of the load (open, restore, tokenizer) and returns its result; by
+    default the step just runs here. Several processes loading together pass one that runs the step on every
+    process and raises on all of them if it failed on any (`ll.load` does, with `processes.all_succeed`), so
+    none is left waiting for the others; the non-finite check gives the same verdict on every process.
+    """
+    agree = agree or (lambda step, what: step())
     path = Path(path).expanduser().resolve()
-    opened = all_succeed(lambda: _open_checkpoint(path, dtype, verify), CheckpointError, f"opening {path}")
-    params = all_succeed(lambda: _restore(opened, mesh), CheckpointError, f"reading {path}/params")
+    opened = agree(lambda: _open_checkpoint(path, dtype, verify), f"opening {path}")
+    params = agree(lambda: _restore(opened, mesh), f"reading {path}/params")
     _check_finite(params, f"{path}/params")  # the same verdict on every process
-    tokenizer = all_succeed(lambda: _tokenizer_of(path, opened.config), CheckpointError, f"reading {path}'s tokenizer")
+    tokenizer = agree(lambda: _tokenizer_of(path, opened.config), f"reading {path}'s tokenizer")
     return Model(opened.config, params, tokenizer, path)
 
 
@@ -461,7 +460,6 @@ def _open_checkpoint(path: Path, dtype, verify: bool) -> _Opened:
 def _target_shardings(expected: Params, mesh):
     """Where each leaf is restored: its shards on `mesh`, or whole on this process's first device."""
     if mesh is not None:
-        from localleap_jax.sharding import param_shardings
         return param_shardings(expected, mesh)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # a device this process can address
     return jax.tree.map(lambda _: device, expected)
@@ -484,8 +482,7 @@ def _restore(opened: _Opened, mesh) -> Params:
         except Exception as e:  # TensorStore/Orbax errors for damaged data files: one line naming the directory
             if hashing is not None:
                 hashing.result()
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CheckpointError(f"{path}/params could not be read ({reason})") from None
+            raise CheckpointError(f"{path}/params could not be read ({first_line(e)})") from None
         if hashing is not None:
             hashing.result()
     return params

@@ -1,6 +1,7 @@
 """Convert a Hugging Face checkpoint (safetensors) of either family into a localleap-jax checkpoint.
 
     convert(src, out, dtype="source", family=None)   # family None: whatever config.json says
+    resolve_checkpoint(name)                         # "embedded", a directory, or a hub id (converted once)
 
 SRC is a local directory or a hub id (only safetensors, json and tokenizer files are downloaded).
 Remote code is never run and pickle checkpoints (.bin/.pt/.pth) are refused.
@@ -18,7 +19,6 @@ each goes; everything else here is the same for every family.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 import sys
@@ -30,10 +30,12 @@ import ml_dtypes
 import numpy as np
 from tqdm import tqdm
 
-from localleap_jax.checkpoint import (CheckpointError, abstract_params, atomic_directory, check_output_path,
-                                     write_checkpoint_files)
+from localleap_jax.checkpoint import (EMBEDDED, CheckpointError, abstract_params, atomic_directory,
+                                     check_output_path, write_checkpoint_files)
 from localleap_jax.config import ConfigError, ModelConfig
+from localleap_jax.errors import first_line
 from localleap_jax.families import tensor_map
+from localleap_jax.hashing import sha256_file
 
 _DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32, "F64": np.float64}
 _OUT_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
@@ -85,14 +87,6 @@ def read_tensor(info: TensorInfo) -> np.ndarray:
     return arr.reshape(info.shape)
 
 
-def sha256_of(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 # ---------------------------------------------------------------- source resolution
 
 
@@ -109,8 +103,7 @@ def resolve_source(src: str, revision: str | None = None) -> tuple[Path, str]:
         from huggingface_hub import snapshot_download
         local = snapshot_download(src, revision=revision, allow_patterns=_HUB_PATTERNS)
     except Exception as e:  # offline, unknown repo, gated repo, ...: say which, in one line
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConversionError(f"could not download {src} from the Hugging Face hub ({type(e).__name__}: {reason}); "
+        raise ConversionError(f"could not download {src} from the Hugging Face hub ({type(e).__name__}: {first_line(e)}); "
                               "check the id and your connection, or pass a local directory") from None
     return Path(local), f"hf://{src}" + (f"@{revision}" if revision else "")
 
@@ -205,7 +198,7 @@ def tokenizer_source(local: Path, config: ModelConfig, workdir: Path) -> Path:
             save_qwen2_fast_tokenizer(local, workdir)
         except Exception as e:  # a broken vocab/merges/tokenizer_config: name the directory, one line
             raise ConversionError(f"could not build a tokenizer from {local}/vocab.json and merges.txt "
-                                  f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None
+                                  f"({type(e).__name__}: {first_line(e)})") from None
         return workdir
     wanted = "tokenizer.json (or Dream's vocab.json + merges.txt)" if config.family == "dream" else "tokenizer.json"
     raise ConversionError(f"{local} has no {wanted}")
@@ -285,7 +278,7 @@ def convert(src: str, out: str, dtype: str = "source", revision: str | None = No
                         raise ConversionError(f"{name} overflows {out_dtype.name} (values beyond its range)")
                     del src_arr
                     bar.update(info.nbytes)
-                shard_sums.append({"file": shard.name, "sha256": sha256_of(shard), "bytes": shard.stat().st_size})
+                shard_sums.append({"file": shard.name, "sha256": sha256_file(shard), "bytes": shard.stat().st_size})
             bar.close()
             num_params = int(sum(a.size for a in jax.tree.leaves(params)))
             params = _to_device_one_leaf_at_a_time(params)
@@ -297,6 +290,28 @@ def convert(src: str, out: str, dtype: str = "source", revision: str | None = No
             write_checkpoint_files(tmp, hf_config=hf_config, params=params, tokenizer_dir=tokenizer_dir,
                                    manifest=manifest, readme=readme)
     return Path(out)
+
+
+def resolve_checkpoint(name: str | Path | None) -> Path:
+    """A checkpoint directory from a name: None/"embedded" (the shipped small model), a directory,
+    or a hub id such as GSAI-ML/LLaDA-8B-Instruct or Dream-org/Dream-v0-Instruct-7B (converted once
+    into a cache, then reused)."""
+    if name is None or str(name) in ("", "embedded"):
+        if not (EMBEDDED / "manifest.json").exists():
+            raise CheckpointError(f"the embedded model is missing ({EMBEDDED}); reinstall the package")
+        return EMBEDDED
+    if not is_hub_id(name):
+        return Path(name).expanduser()
+    return cached_conversion(str(name))
+
+
+def is_hub_id(name: str | Path | None) -> bool:
+    """Whether `name` reads as a hub id (owner/repo) rather than a local path: no such path exists, one
+    slash, and it does not start like a path (".", "/", "~")."""
+    if name is None or str(name) in ("", "embedded"):
+        return False
+    text = str(name)
+    return not Path(text).expanduser().exists() and text.count("/") == 1 and not text.startswith((".", "/", "~"))
 
 
 def cached_conversion(hub_id: str, cache_dir: Path = CACHE_DIR) -> Path:

@@ -1,8 +1,8 @@
-"""The model as the decode loop sees it: a function from a canvas to hidden states and logits.
+"""The model as the decode loop sees it: a denoiser (a canvas to hidden states and logits) and its special ids.
 
-The loop is given a denoiser instead of reaching into the model, so its bookkeeping (blocks, early
-stop, NFE, rule state, caches) can be tested with a stub in milliseconds, and another model family
-only has to provide these four things:
+The loop is given these two things explicitly instead of reaching into a model, so its bookkeeping
+(blocks, early stop, NFE, rule state, caches) can be tested with a stub in milliseconds, and another
+model family only has to provide a denoiser:
 
     full(x, positions, key_mask)                     -> (hidden [B, L, D], cache)   a whole-canvas pass
     window(tokens, positions, key_mask, cache, write) -> hidden [B, Q, D]           Q positions of the
@@ -16,6 +16,7 @@ is a pytree (its arrays are inputs of the compiled program, not constants baked 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Protocol
 
 import jax.numpy as jnp
@@ -24,6 +25,23 @@ from jaxtyping import Array, Bool, Float, Int
 
 from localleap_jax.config import ModelConfig
 from localleap_jax.model import CacheWrite, KVCache, Params, head, trunk, trunk_cached
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+    """The ids the loop treats specially, read from the model's config and tokenizer (never hard-coded)."""
+
+    mask: int
+    eos: int
+    eot: int | None  # end of turn (LLaDA <|eot_id|>, Dream <|im_end|>); None when the tokenizer has none
+    vocab_limit: int | None = None  # ids >= this are never predicted (the tokenizer cannot decode them)
+
+    @classmethod
+    def of(cls, config: ModelConfig, tokenizer=None) -> "SpecialIds":
+        """A model's special ids: mask and EOS from its config, EOT and the decodable ids from its tokenizer."""
+        if tokenizer is None:
+            return cls(config.mask_token_id, config.eos_token_id, None, None)
+        return cls(config.mask_token_id, config.eos_token_id, tokenizer.eot_id, tokenizer.vocab_size)
 
 
 class Denoiser(Protocol):
@@ -50,7 +68,7 @@ class ModelDenoiser:
 
     @property
     def shift(self) -> int:
-        return getattr(self.config, "logits_shift", 0)
+        return self.config.logits_shift
 
     @property
     def vocab(self) -> int:

@@ -14,6 +14,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from localleap_jax.errors import first_line
+
 MASK_TOKEN = "<|mdm_mask|>"
 EOS_TOKEN = "<|endoftext|>"
 BOS_TOKEN = "<|startoftext|>"
@@ -81,8 +83,7 @@ class Tokenizer:
         try:
             hf = PreTrainedTokenizerFast.from_pretrained(str(path))
         except Exception as e:  # a damaged tokenizer.json / tokenizer_config.json: one line naming it
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise TokenizerError(f"the tokenizer in {path} cannot be read ({type(e).__name__}: {reason})") from None
+            raise TokenizerError(f"the tokenizer in {path} cannot be read ({type(e).__name__}: {first_line(e)})") from None
         return cls(hf, mask_id=mask_id, eos_id=eos_id, pad_id=pad_id)
 
     @property

@@ -1,11 +1,10 @@
-"""Shared fixtures: tiny random LLaDA- and Dream-layout Hugging Face checkpoints built by the tests themselves."""
+"""Session fixtures: the tiny checkpoints (built with tests/helpers.py) that many test files share, and the
+test-wide settings (offline, hypothesis derandomised)."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the network
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -14,80 +13,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 from hypothesis import settings
 
+from helpers import (REPO, TOKENIZER_CORPUS, random_dream_tensors, random_llada_tensors, tiny_dream_config,
+                     tiny_hf_config, write_dream_checkpoint, write_hf_checkpoint)
+
 # The same examples on every run and machine, and no local example database: a property must hold on
 # what CI draws, not on what an earlier local run happened to remember (fixed boundary cases are @examples).
 settings.register_profile("repo", database=None, derandomize=True, deadline=None, max_examples=100)
 settings.load_profile("repo")
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-sys.path.insert(0, str(REPO / "experiments"))
-
-TOKENIZER_CORPUS = [
-    "Question: Mia has 3 apples. She buys 4 more. How many apples does Mia have?\nAnswer: 3 + 4 = <<3+4=7>>7\n#### 7",
-    "Question: Tom has 9 pens and gives 2 away. How many pens are left?\nAnswer: 9 - 2 = <<9-2=7>>7\n#### 7",
-    "The quick brown fox jumps over the lazy dog. 0 1 2 3 4 5 6 7 8 9",
-] * 20
-
-
-def tiny_hf_config(vocab: int, mask_id: int, eos_id: int, **overrides) -> dict:
-    cfg = {
-        "architectures": ["LLaDAModelLM"], "model_type": "llada", "auto_map": {"AutoModel": "modeling_llada.LLaDAModelLM"},
-        "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "n_layers": 3, "mlp_hidden_size": 96,
-        "vocab_size": vocab, "embedding_size": -(-vocab // 16) * 16, "max_sequence_length": 512,
-        "rope": True, "rope_theta": 10000.0, "rope_full_precision": True, "layer_norm_type": "rms",
-        "rms_norm_eps": 1e-5, "activation_type": "silu", "block_type": "llama", "alibi": False,
-        "include_bias": False, "include_qkv_bias": False, "weight_tying": False, "attention_layer_norm": False,
-        "scale_logits": False, "input_emb_norm": False, "mask_token_id": mask_id, "eos_token_id": eos_id,
-        "pad_token_id": eos_id,
-    }
-    cfg.update(overrides)
-    return cfg
-
-
-def random_llada_tensors(cfg: dict, seed: int = 0, head_scale: float = 1.0) -> dict:
-    """LLaDA-named torch tensors (fp32). `head_scale` sharpens the output so confidences spread over (0, 1)."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    d, f, v = cfg["d_model"], cfg["mlp_hidden_size"], cfg["embedding_size"]
-    kv = cfg["n_kv_heads"] * (d // cfg["n_heads"])
-    rnd = lambda *s, std=0.05: torch.randn(*s, generator=g) * std  # noqa: E731
-    t = {
-        "model.transformer.wte.weight": rnd(v, d, std=1.0),
-        "model.transformer.ln_f.weight": 1 + rnd(d, std=0.1),
-        "model.transformer.ff_out.weight": rnd(v, d, std=0.05 * head_scale),
-    }
-    for i in range(cfg["n_layers"]):
-        b = f"model.transformer.blocks.{i}."
-        t |= {b + "attn_norm.weight": 1 + rnd(d, std=0.1), b + "ff_norm.weight": 1 + rnd(d, std=0.1),
-              b + "q_proj.weight": rnd(d, d, std=0.2), b + "k_proj.weight": rnd(kv, d, std=0.2),
-              b + "v_proj.weight": rnd(kv, d, std=0.2), b + "attn_out.weight": rnd(d, d, std=0.1),
-              b + "ff_proj.weight": rnd(f, d, std=0.1), b + "up_proj.weight": rnd(f, d, std=0.1),
-              b + "ff_out.weight": rnd(d, f, std=0.1)}
-    return t
-
-
-def write_hf_checkpoint(path: Path, cfg: dict, tensors: dict, tokenizer, *, n_shards: int = 2, dtype=None,
-                        index: bool = True) -> Path:
-    """Sharded safetensors + index + config.json + tokenizer files, as the hub lays LLaDA out."""
-    import torch
-    from safetensors.torch import save_file
-
-    path.mkdir(parents=True, exist_ok=True)
-    names = list(tensors)
-    weight_map = {}
-    for s in range(n_shards):
-        part = names[s::n_shards]
-        fname = f"model-{s + 1:05d}-of-{n_shards:05d}.safetensors"
-        save_file({k: tensors[k].to(dtype or torch.float32).contiguous() for k in part}, str(path / fname))
-        weight_map |= {k: fname for k in part}
-    if index:
-        (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (path / "config.json").write_text(json.dumps(cfg))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(path))
-    return path
+sys.path.insert(0, str(REPO / "experiments"))  # the command lines' modules (eval_gsm8k, synthetic_math, ...)
 
 
 @pytest.fixture(scope="session")
@@ -134,75 +68,6 @@ def sharp_checkpoint(tmp_path_factory, tiny_tokenizer):
 @pytest.fixture(scope="session")
 def converted_sharp(sharp_checkpoint):
     return sharp_checkpoint[0]
-
-
-# ---------------------------------------------------------------- Dream (Qwen2 layout)
-
-
-def tiny_dream_config(rows: int, mask_id: int, eos_id: int, **overrides) -> dict:
-    """A Dream config.json of Dream-v0-Instruct-7B's form at a tiny size: 14 query heads over 2 KV
-    heads (7:1, like 28:4), head_dim 8, and more embedding rows than tokenizer ids (like 152064 vs 151667)."""
-    cfg = {
-        "architectures": ["DreamModel"], "attention_dropout": 0.0,
-        "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
-        "bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id, "mask_token_id": mask_id,
-        "hidden_act": "silu", "hidden_size": 112, "intermediate_size": 160, "initializer_range": 0.02,
-        "max_position_embeddings": 512, "max_window_layers": 3, "model_type": "Dream", "num_attention_heads": 14,
-        "num_hidden_layers": 3, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_scaling": None,
-        "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-        "use_cache": False, "use_mrope": False, "use_sliding_window": False, "vocab_size": rows,
-    }
-    cfg.update(overrides)
-    return cfg
-
-
-def random_dream_tensors(cfg: dict, seed: int = 0, head_scale: float = 1.0) -> dict:
-    """Dream-named torch tensors (fp32), q/k/v biases far from zero so a dropped bias shows in the logits."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    d, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    kv = cfg["num_key_value_heads"] * (d // cfg["num_attention_heads"])
-    rnd = lambda *s, std=0.05: torch.randn(*s, generator=g) * std  # noqa: E731
-    t = {
-        "model.embed_tokens.weight": rnd(v, d, std=1.0),
-        "model.norm.weight": 1 + rnd(d, std=0.1),
-        "lm_head.weight": rnd(v, d, std=0.05 * head_scale),
-    }
-    for i in range(cfg["num_hidden_layers"]):
-        b = f"model.layers.{i}."
-        t |= {b + "input_layernorm.weight": 1 + rnd(d, std=0.1), b + "post_attention_layernorm.weight": 1 + rnd(d, std=0.1),
-              b + "self_attn.q_proj.weight": rnd(d, d, std=0.2), b + "self_attn.q_proj.bias": rnd(d, std=0.5),
-              b + "self_attn.k_proj.weight": rnd(kv, d, std=0.2), b + "self_attn.k_proj.bias": rnd(kv, std=0.5),
-              b + "self_attn.v_proj.weight": rnd(kv, d, std=0.2), b + "self_attn.v_proj.bias": rnd(kv, std=0.5),
-              b + "self_attn.o_proj.weight": rnd(d, d, std=0.1), b + "mlp.gate_proj.weight": rnd(f, d, std=0.1),
-              b + "mlp.up_proj.weight": rnd(f, d, std=0.1), b + "mlp.down_proj.weight": rnd(d, f, std=0.1)}
-    return t
-
-
-def save_like_dream(tokenizer, path: Path) -> None:
-    """Lay a tokenizer out as Dream-v0 does: only the "slow" Qwen2 files (vocab.json, merges.txt,
-    tokenizer_config.json with the added tokens and chat template) and a remote-code tokenizer class,
-    no tokenizer.json. The remote code here raises, so a test fails if anything ever runs it."""
-    path.mkdir(parents=True, exist_ok=True)
-    tokenizer.backend_tokenizer.model.save(str(path))  # vocab.json + merges.txt: the BPE ids only
-    added = {str(i): {"content": t.content, "lstrip": False, "normalized": False, "rstrip": False,
-                      "single_word": False, "special": True} for i, t in sorted(tokenizer.added_tokens_decoder.items())}
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": added,
-        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
-        "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
-        "bos_token": None, "chat_template": tokenizer.chat_template, "clean_up_tokenization_spaces": False,
-        "eos_token": "<|endoftext|>", "errors": "replace", "model_max_length": 131072, "pad_token": "<|endoftext|>",
-        "split_special_tokens": False, "tokenizer_class": "DreamTokenizer", "unk_token": None}, indent=2))
-    (path / "tokenization_dream.py").write_text('raise RuntimeError("remote code must never run")\n')
-
-
-def write_dream_checkpoint(path: Path, cfg: dict, tensors: dict, tokenizer, **kw) -> Path:
-    """Sharded safetensors + index + config.json + Dream's slow tokenizer files, as the hub lays Dream out."""
-    write_hf_checkpoint(path, cfg, tensors, tokenizer=None, **kw)
-    save_like_dream(tokenizer, path)
-    return path
 
 
 @pytest.fixture(scope="session")

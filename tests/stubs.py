@@ -14,16 +14,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from localleap_jax.config import ModelConfig
-from localleap_jax.denoiser import FunctionDenoiser
+from localleap_jax.denoiser import FunctionDenoiser, SpecialIds
 
 EOS, WORD, MASK, V = 0, 1, 7, 8  # ids 1..6 are words
 
 
 class StubModel(NamedTuple):
+    """What `ll.generate` needs of a model: its config, the denoiser the loop runs and the special ids."""
+
     config: ModelConfig
     denoiser: Any
-    params: Any = None
-    tokenizer: Any = None
+
+    @property
+    def special(self) -> SpecialIds:
+        return SpecialIds.of(self.config)
 
 
 def config(max_sequence_length: int = 512) -> ModelConfig:

@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import localleap_jax as ll
-from conftest import REPO, write_hf_checkpoint
+from helpers import REPO, write_hf_checkpoint
 
 
 def _run(*args, timeout=300):
@@ -164,7 +164,7 @@ def test_an_f64_source_converts_with_an_explicit_dtype(tmp_path, hf_checkpoint):
 @pytest.fixture(scope="module")
 def big_source(tmp_path_factory, tiny_tokenizer):
     """A ~110 MB fp32 LLaDA-layout checkpoint: big enough that Orbax's write takes a noticeable time."""
-    from conftest import tiny_hf_config
+    from helpers import tiny_hf_config
 
     tok = tiny_tokenizer
     cfg = tiny_hf_config(len(tok), tok.mask_token_id, tok.eos_token_id, d_model=512, n_heads=8, n_kv_heads=8,
@@ -325,7 +325,7 @@ ROWS = [
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     """{tmp}: the files the rows point at, and a directory another run holds."""
-    import eval_gsm8k
+    from localleap_jax.gsm8k import OutputDir, local_task
 
     tmp = tmp_path_factory.mktemp("inputs")
     (tmp / "good.jsonl").write_text("".join(
@@ -337,7 +337,7 @@ def inputs(tmp_path_factory):
     (tmp / "afile").write_text("not a directory\n")
     tasks = tmp / "tasks"
     tasks.mkdir()
-    gsm8k_mini, _ = eval_gsm8k.local_task(tmp / "mini", tmp / "good.jsonl", tmp / "good.jsonl")
+    gsm8k_mini, _ = local_task(tmp / "mini", tmp / "good.jsonl", tmp / "good.jsonl")
     (tasks / "gsm8k_mini.yaml").write_text((tmp / "mini" / "tasks" / f"{gsm8k_mini}.yaml").read_text()
                                            .replace("task: gsm8k_local", "task: gsm8k_mini"))
     (tmp / "mc.jsonl").write_text(json.dumps({"q": "1 + 1 =", "choices": ["2", "3"], "label": 0}) + "\n")
@@ -346,7 +346,7 @@ def inputs(tmp_path_factory):
         f"    test: {json.dumps(str(tmp / 'mc.jsonl'))}\n"
         "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{q}}'\ndoc_to_choice: '{{choices}}'\n"
         "doc_to_target: label\nmetric_list:\n  - metric: acc\n")
-    held = eval_gsm8k.OutputDir(tmp / "held")
+    held = OutputDir(tmp / "held")
     assert held.claim() is None  # held by this test process until the module ends
     (tmp / "held" / "summary.json").write_text("{}\n")
     yield tmp

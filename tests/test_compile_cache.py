@@ -4,11 +4,11 @@ import os
 import subprocess
 import sys
 
-from conftest import REPO
+from helpers import REPO
 
 SCRIPT = r"""
 from lm_eval.api.instance import Instance
-from localleap_jax.lm_eval_adapter import LocalLeapLM
+from localleap_jax.lm_eval import LocalLeapLM
 lm = LocalLeapLM(checkpoint="embedded", dtype="float32", progress=False, strategy="threshold", gen_length=64,
                  block_length=16)
 print(lm.generate_until([Instance("generate_until", {}, ("Question: Mia has 3 pens. How many pens does Mia have?"

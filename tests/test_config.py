@@ -4,7 +4,7 @@ field is refused by name (never coerced: `int(64.7)` would silently build anothe
 import pytest
 
 from localleap_jax.config import ConfigError, ModelConfig
-from conftest import tiny_dream_config, tiny_hf_config
+from helpers import tiny_dream_config, tiny_hf_config
 
 LLADA = tiny_hf_config(300, 2, 0)
 DREAM = tiny_dream_config(320, 299, 296)

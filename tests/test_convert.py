@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import localleap_jax as ll
-from conftest import REPO, write_hf_checkpoint
+from helpers import REPO, write_hf_checkpoint
 from convert.llada import ConversionError, convert, main
 
 
@@ -183,7 +183,7 @@ def test_plain_convert_detects_the_family(tmp_path, dream_hf_checkpoint, hf_chec
 
 
 def test_dream_set_and_shape_checks(tmp_path, dream_hf_checkpoint, dream_tokenizer):
-    from conftest import write_dream_checkpoint
+    from helpers import write_dream_checkpoint
     from convert.dream import convert as convert_dream
 
     src, cfg, tensors = dream_hf_checkpoint

@@ -12,6 +12,7 @@ import pytest
 
 import localleap_jax as ll
 from localleap_jax import decode
+from localleap_jax.compile_cache import compiled_programs
 from stubs import EOS, MASK, WORD, prompts, scripted
 
 G, T = 12, 4  # 3 blocks
@@ -215,12 +216,12 @@ def test_new_settings_do_not_recompile():
     ids, mask = prompts(2)
     ll.generate(model, ids, mask, ll.DecodeConfig(strategy=ll.rule("localleap", kappa=0.9), gen_length=G,
                                                   block_length=T))
-    n = len(decode._COMPILED)
+    n = len(compiled_programs())
     for kappa, tau, radius in [(0.85, 0.7, 2), (0.7, 0.6, 0), (1.0, 0.2, 9)]:
         out = ll.generate(model, ids, mask, ll.DecodeConfig(
             strategy=ll.rule("localleap", kappa=kappa, tau=tau, radius=radius), gen_length=G, block_length=T))
         assert out.compile_seconds == 0.0
-    assert len(decode._COMPILED) == n
+    assert len(compiled_programs()) == n
 
 
 def test_tracing_off_leaves_the_program_without_trace_buffers():
@@ -231,7 +232,7 @@ def test_tracing_off_leaves_the_program_without_trace_buffers():
 
     def carry_shapes(trace):
         jaxpr = jax.make_jaxpr(lambda d, i, m, r: decode.decode_loop(
-            d, i, m, None, r, loop=cfg.loop_settings(trace), special=decode.special_ids(model)))(
+            d, i, m, None, r, loop=cfg.loop_settings(trace), special=model.special))(
             model.denoiser, ids, mask, rule)
         loop = next(e for e in jaxpr.jaxpr.eqns if e.primitive.name == "while")
         return [tuple(v.aval.shape) for v in loop.outvars], len(str(loop.params["body_jaxpr"]))

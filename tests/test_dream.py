@@ -103,7 +103,7 @@ def test_the_fp32_tolerance_sees_near_miss_rope(dream_hf_checkpoint, dream32, mo
 
 
 def test_bf16_source_converts_and_stays_close(tmp_path, dream_hf_checkpoint, dream_tokenizer):
-    from conftest import write_dream_checkpoint
+    from helpers import write_dream_checkpoint
     from convert.dream import convert
 
     src, cfg, tensors = dream_hf_checkpoint

@@ -15,8 +15,9 @@ import pytest
 
 import eval_gsm8k
 import localleap_jax as ll
-from conftest import REPO, SHARED
+from helpers import REPO, SHARED
 from localleap_jax.checkpoint import EMBEDDED
+from localleap_jax.gsm8k import OutputDir, UserError, local_task
 
 
 @pytest.fixture(scope="module")
@@ -188,15 +189,15 @@ def test_a_lock_left_by_a_dead_run_is_taken_over_and_a_live_one_refuses(tmp_path
     out = tmp_path / "out"
     out.mkdir()
     (out / ".lock").write_text(json.dumps({"pid": 999999, "host": "elsewhere", "since": "yesterday"}))
-    first = eval_gsm8k.OutputDir(out)
+    first = OutputDir(out)
     note = first.claim()
     assert note.endswith("left by a run that ended without releasing it (pid 999999 on elsewhere since yesterday)")
     assert json.loads((out / ".lock").read_text())["pid"] == os.getpid()
-    with pytest.raises(eval_gsm8k.UserError, match=rf"--output {out} is in use by another eval \(pid {os.getpid()} "):
-        eval_gsm8k.OutputDir(out).claim()
+    with pytest.raises(UserError, match=rf"--output {out} is in use by another eval \(pid {os.getpid()} "):
+        OutputDir(out).claim()
     first.release()
     assert not (out / ".lock").exists()
-    again = eval_gsm8k.OutputDir(out)
+    again = OutputDir(out)
     assert again.claim() is None
     again.release()
 
@@ -220,7 +221,7 @@ def test_fewshot_examples_drawn_from_the_test_file_never_hold_the_problem_itself
     data = tmp_path / "test.jsonl"  # no train.jsonl beside it: examples come from this file
     data.write_text("".join(json.dumps({"question": f"Problem number {n}: what is {n} + 1?", "answer": f"#### {n + 1}"})
                             + "\n" for n in range(4)))
-    name, include = eval_gsm8k.local_task(tmp_path / "out", data, data)
+    name, include = local_task(tmp_path / "out", data, data)
     task = TaskManager(include_path=str(include), include_defaults=False).load([name])["tasks"][name]
     task.set_config(key="num_fewshot", value=3)
     task.build_all_requests(limit=None, rank=0, world_size=1)

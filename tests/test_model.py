@@ -128,7 +128,7 @@ def test_head_on_gathered_positions_equals_full_logits(model32):
 
 
 def test_grouped_query_attention_matches_reference(tmp_path, tiny_tokenizer):
-    from conftest import random_llada_tensors, tiny_hf_config, write_hf_checkpoint
+    from helpers import random_llada_tensors, tiny_hf_config, write_hf_checkpoint
     from convert.llada import convert
 
     tok = tiny_tokenizer
@@ -292,10 +292,11 @@ EOS, EOT, MASK, V = 0, 1, 5, 8
 
 def _predict(logits, *, eos_eot_inf=False, eos_inf=False):
     from localleap_jax import decode
+    from localleap_jax.denoiser import SpecialIds
 
-    loop = decode.LoopSettings(8, 4, 0.0, False, eos_inf, eos_eot_inf, "none", False)
-    pred, conf, _ = decode.predict(jnp.asarray(logits, jnp.float32)[None], loop,
-                                   decode.SpecialIds(mask=MASK, eos=EOS, eot=EOT), None)
+    scoring = decode.Scoring(temperature=0.0, logits_eos_inf=eos_inf, confidence_eos_eot_inf=eos_eot_inf)
+    pred, conf, _ = decode.predict(jnp.asarray(logits, jnp.float32)[None], scoring,
+                                   SpecialIds(mask=MASK, eos=EOS, eot=EOT), None)
     return np.asarray(pred)[0], np.asarray(conf, np.float64)[0]
 
 
@@ -346,12 +347,12 @@ def test_sampling_draws_from_the_tempered_softmax_and_reports_the_plain_confiden
     """temperature t: the prediction is a draw from softmax(logits / t) over the predictable ids (the mask
     excluded), and its confidence is the untempered softmax probability, as in LLaDA's code."""
     from localleap_jax import decode
+    from localleap_jax.denoiser import SpecialIds
 
     n, t = 40000, 0.5
     row = np.log(np.array([0.05, 0.30, 0.20, 0.15, 0.10, 0.12, 0.05, 0.03]))  # MASK (5) carries 0.12
-    loop = decode.LoopSettings(8, 4, t, False, False, False, "none", False)
-    pred, conf, _ = decode.predict(jnp.asarray(np.tile(row, (1, n, 1)), jnp.float32), loop,
-                                   decode.SpecialIds(mask=MASK, eos=EOS, eot=EOT), jax.random.key(0))
+    pred, conf, _ = decode.predict(jnp.asarray(np.tile(row, (1, n, 1)), jnp.float32), decode.Scoring(temperature=t),
+                                   SpecialIds(mask=MASK, eos=EOS, eot=EOT), jax.random.key(0))
     pred, conf = np.asarray(pred)[0], np.asarray(conf, np.float64)[0]
     tempered = np.where(np.arange(V) == MASK, -np.inf, row / t)
     want = np.exp(tempered - tempered.max())

@@ -185,7 +185,7 @@ PROMPTS = [[5, 17, 42, 99, 7], [120, 3, 3, 250, 11, 64, 8, 31, 200], [77, 12, 15
 @pytest.fixture(scope="module")
 def sharp_torch(tiny_tokenizer):
     """The sharp random model of test_decode.py (same seed and head scale), as the torch oracle only."""
-    from conftest import random_llada_tensors, tiny_hf_config
+    from helpers import random_llada_tensors, tiny_hf_config
     from localleap_jax import reference_torch
 
     tok = tiny_tokenizer

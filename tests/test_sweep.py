@@ -6,6 +6,7 @@ it must equal: the samples it wrote, eval_gsm8k's own run of the same specs, and
 of traced settings.
 """
 
+import dataclasses
 import json
 import re
 import shutil
@@ -14,7 +15,8 @@ import pytest
 
 import eval_gsm8k
 import sweep
-from localleap_jax import decode
+from localleap_jax.compile_cache import compiled_programs, forget_compiled
+from localleap_jax.gsm8k import UserError
 from sweep import Point, best_within, compare_frontiers, frontier
 
 # ---------------------------------------------------------------- frontiers (known by construction)
@@ -112,29 +114,40 @@ def test_grid_flags_parse():
     assert sweep.parse_ablation("radius=0;4;8") == ("radius", [0, 4, 8])
 
 
-def eval_args(**flags):
-    args = sweep.parse_args(["--output", "unused", *[x for k, v in flags.items() for x in (f"--{k}", v)]])
-    args = sweep.as_eval_args(args)
-    args.gen_length, args.block_length = 64, 16  # the embedded model's
-    return args
+EMBEDDED_DEFAULTS = {"eval_defaults": {"gen_length": 64, "block_length": 16, "num_fewshot": 0}}  # its manifest's
+
+
+def sweep_args(**flags):
+    return sweep.parse_args(["--output", "unused", *[x for k, v in flags.items() for x in (f"--{k}", v)]])
+
+
+def eval_settings(**flags):
+    return sweep.eval_settings_of(sweep_args(**flags), EMBEDDED_DEFAULTS)
+
+
+def test_every_point_is_scored_with_the_flags_and_no_rule_setting():
+    settings = eval_settings(limit="7", cache="prefix")
+    assert (settings.gen_length, settings.block_length, settings.num_fewshot) == (64, 16, 0)  # the model's
+    assert (settings.limit, settings.cache, settings.batch_size, settings.mesh) == (7, "prefix", 50, None)
+    assert (settings.kappa, settings.tau, settings.radius, settings.steps) == (None, None, None, None)
 
 
 def test_grid_points_leave_out_refused_combinations_in_product_order(capsys):
-    args = eval_args()
-    specs = sweep.grid_points("localleap", {"kappa": [0.7, 0.9], "tau": [0.5, 0.8], "radius": [4]}, args)
+    settings = eval_settings()
+    specs = sweep.grid_points("localleap", {"kappa": [0.7, 0.9], "tau": [0.5, 0.8], "radius": [4]}, settings)
     assert specs == ["localleap:kappa=0.7,radius=4,tau=0.5", "localleap:kappa=0.9,radius=4,tau=0.5",
                      "localleap:kappa=0.9,radius=4,tau=0.8"]  # (0.7, 0.8) has tau > kappa
     assert "left out 1 of 4 combinations" in capsys.readouterr().err
     # None is a value of its own (one token per step), never read back as the default
-    assert sweep.grid_points("low_confidence", {"steps": [8, None]}, args) == ["low_confidence:steps=8",
-                                                                                 "low_confidence"]
-    with pytest.raises(eval_gsm8k.UserError, match="threshold:kappa=None"):
-        sweep.grid_points("threshold", {"kappa": [0.5, None]}, args)
+    assert sweep.grid_points("low_confidence", {"steps": [8, None]}, settings) == ["low_confidence:steps=8",
+                                                                                     "low_confidence"]
+    with pytest.raises(UserError, match="threshold:kappa=None"):
+        sweep.grid_points("threshold", {"kappa": [0.5, None]}, settings)
 
 
 def test_figure4_points_vary_one_setting_around_the_centre():
-    args = eval_args(ablation="kappa=0.8;0.95")
-    series = sweep.figure4_points(args)
+    args = sweep_args(ablation="kappa=0.8;0.95")
+    series = sweep.figure4_points(args, sweep.eval_settings_of(args, EMBEDDED_DEFAULTS))
     assert series["kappa"] == [(0.8, "localleap:kappa=0.8,radius=4,tau=0.75"),
                                (0.95, "localleap:kappa=0.95,radius=4,tau=0.75")]
     assert [v for v, _ in series["radius"]] == sweep.ABLATIONS["small"]["radius"]
@@ -207,14 +220,12 @@ LOCALLEAP = ["localleap:kappa=0.9,radius=4,tau=0.5", "localleap:kappa=0.9,radius
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep") / "out"
-    # A process-wide table of compiled programs, empty for this sweep: tests that ran before (eval_gsm8k's,
-    # on the same batch shape) would otherwise have compiled its programs already.
-    kept, decode._COMPILED = decode._COMPILED, {}
-    try:
-        assert sweep.main([*TINY, "--output", str(out)]) == 0
-        new_programs = list(decode._COMPILED)
-    finally:
-        decode._COMPILED = kept | decode._COMPILED
+    # The process's compiled programs dropped, so this sweep compiles its own: tests that ran before
+    # (eval_gsm8k's, on the same batch shape) would otherwise have compiled its programs already.
+    forget_compiled()
+    seen = len(compiled_programs())
+    assert sweep.main([*TINY, "--output", str(out)]) == 0
+    new_programs = [p for p in compiled_programs()[seen:] if p.kind.startswith("decode/")]
     return out, json.loads((out / "sweep.json").read_text()), new_programs
 
 
@@ -241,7 +252,8 @@ def test_each_grid_compiles_once_per_batch_shape(tiny):
     for name, c in record["compiles"].items():
         assert c["programs"] == 1 and c["per_point"] == [1] + [0] * (len(c["per_point"]) - 1), (name, c)
         assert c["shapes"] == [[4, 64]]
-    assert len(new_programs) == 3  # decode._COMPILED, counted from outside the script
+    assert len(new_programs) == 3  # compile_cache.compiled_programs(), counted from outside the script
+    assert [list(p.shapes[0]) for p in new_programs] == [[4, 64]] * 3
 
 
 @pytest.mark.slow
@@ -322,11 +334,10 @@ def test_a_rerun_generates_nothing_and_a_larger_grid_only_its_new_point(tiny, tm
 
 def test_preset_schedules_fit_the_canvas():
     # steps = gen_length / tokens per step, None for one token per step
-    args = eval_args()
-    args.gen_length, args.block_length = 256, 32
-    args.grids = "large"  # tokens per step 16, 8, 4, 2, 1
-    assert sweep.grid_points("low_confidence", sweep.preset_grid("low_confidence", args), args) == \
+    settings = dataclasses.replace(eval_settings(), gen_length=256, block_length=32)
+    grid = sweep.preset_grid("low_confidence", "large", settings)  # tokens per step 16, 8, 4, 2, 1
+    assert sweep.grid_points("low_confidence", grid, settings) == \
         ["low_confidence:steps=16", "low_confidence:steps=32", "low_confidence:steps=64", "low_confidence:steps=128",
          "low_confidence"]
-    args.gen_length, args.block_length = 48, 24  # a block of 24 cannot take 16 per step
-    assert sweep.preset_grid("low_confidence", args) == {"steps": [6, 12, 24, None]}
+    settings = dataclasses.replace(settings, gen_length=48, block_length=24)  # a block of 24 cannot take 16 per step
+    assert sweep.preset_grid("low_confidence", "large", settings) == {"steps": [6, 12, 24, None]}

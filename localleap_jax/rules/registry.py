@@ -1,15 +1,16 @@
-"""Rules by name: the registry, `rule("name:setting=value,...")`, and the legacy function form."""
+"""Rules by name: the registry, `rule("name:setting=value,...")`, rules given as functions, rules as JSON."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
+import numpy as np
 from flax import struct
-from jaxtyping import Array, Int
+from jaxtyping import Array
 
-from localleap_jax.rules.base import DecodeError, RuleBase, Signals, setting, settings_of
+from localleap_jax.rules.base import DecodeError, RuleBase, Signals, settings_of
 
 RULES: dict[str, Any] = {}  # name -> rule class (or a factory taking the settings as keywords)
 
@@ -104,48 +105,61 @@ def stateless(fn: Callable[[Signals], Array], name: str | None = None) -> Functi
     return FunctionRule(fn, name or getattr(fn, "__name__", "stateless"))
 
 
-class RuleParams(NamedTuple):
-    """The parameters of the old function form `fn(conf, candidates, p)` (deprecated)."""
-
-    kappa: Any
-    tau: Any
-    radius: int
-    quota: Int[Array, "B"]
-
-
-@struct.dataclass
-class LegacyRule(RuleBase):
-    """An old-form rule `fn(conf [B, T], candidates [B, T], p: RuleParams) -> commit [B, T]`.
-
-    Deprecated: its kappa/tau/radius are compile-time constants, as they were (every value compiles
-    a program); new rules are dataclasses with traced settings."""
-
-    fn: Callable = struct.field(pytree_node=False)
-    name: str = struct.field(pytree_node=False, default="legacy")
-    kappa: float = struct.field(pytree_node=False, default=0.9)
-    tau: float = struct.field(pytree_node=False, default=0.75)
-    radius: int = struct.field(pytree_node=False, default=4)
-    steps: int | None = setting(None, int, low=1, none_ok=True)
-
-    def update(self, s: Signals, state):
-        return self.fn(s.conf, s.candidates, RuleParams(self.kappa, self.tau, self.radius, s.quota(self.steps))), state
-
-    def spec(self) -> str:
-        return f"{self.name}:kappa={self.kappa:g},radius={self.radius},tau={self.tau:g}" + (
-            f",steps={self.steps}" if self.steps is not None else "")
-
-
 def register(name: str):
-    """Register a rule under `name`: a rule dataclass, a function of the step's signals, or (deprecated)
-    a function of (conf, candidates, p: RuleParams)."""
+    """Register a rule under `name`: a rule dataclass, or a function of the step's signals (a stateless rule
+    with no settings)."""
     def add(obj):
         if inspect.isclass(obj):
             return register_rule(name)(obj)
         if name in RULES:
             raise ValueError(f"rule {name!r} is already registered")
-        if len(inspect.signature(obj).parameters) == 3:
-            RULES[name] = lambda **kw: LegacyRule(obj, name, **kw)
-        else:
-            RULES[name] = lambda **kw: dataclasses.replace(stateless(obj, name), **kw)
+        RULES[name] = lambda **kw: dataclasses.replace(stateless(obj, name), **kw)
         return obj
     return add
+
+
+# ---------------------------------------------------------------- rules as JSON (exact settings)
+# A spec string rounds floats to six digits (`spec()` formats with %g); JSON keeps every setting exact, so
+# another process (localleap_jax.dist.multihost) rebuilds the very same rule.
+
+
+def value_to_json(value):
+    """A setting as JSON: a number as itself (Python's float repr round-trips exactly), an array of one
+    value per row as {"rows": [...], "dtype": ...}."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    arr = np.asarray(value)
+    if arr.ndim == 0:
+        return arr.item()
+    return {"rows": arr.tolist(), "dtype": arr.dtype.name}
+
+
+def value_from_json(value):
+    if isinstance(value, dict):
+        return np.asarray(value["rows"], dtype=value["dtype"])
+    return value
+
+
+def rule_to_json(rule) -> dict:
+    """A rule object as JSON: a registered rule by name with every field's exact value, or a combinator
+    of such rules. A rule that only exists as a Python object here (a function, an unregistered class)
+    cannot be rebuilt elsewhere: DecodeError."""
+    from localleap_jax.rules.combinators import AllOf, AnyOf
+
+    if isinstance(rule, AnyOf):  # AllOf is an AnyOf
+        return {"combinator": "all_of" if isinstance(rule, AllOf) else "any_of",
+                "rules": [rule_to_json(r) for r in rule.rules]}
+    name = getattr(rule, "name", None)
+    if not dataclasses.is_dataclass(rule) or RULES.get(name) is not type(rule):
+        raise DecodeError(f"rule {name or rule!r} cannot be sent to the other processes: a multi-process run "
+                          "takes registered rules (ll.register) and any_of/all_of of them")
+    return {"rule": name, "fields": {f.name: value_to_json(getattr(rule, f.name)) for f in dataclasses.fields(rule)}}
+
+
+def rule_from_json(data: dict):
+    from localleap_jax.rules.combinators import all_of, any_of
+
+    if "combinator" in data:
+        combine = {"any_of": any_of, "all_of": all_of}[data["combinator"]]
+        return combine(*(rule_from_json(r) for r in data["rules"]))
+    return RULES[data["rule"]](**{k: value_from_json(v) for k, v in data["fields"].items()})

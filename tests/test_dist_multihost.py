@@ -23,13 +23,14 @@ import pytest
 
 import localleap_jax as ll
 import synthetic_math
-from conftest import REPO
-from localleap_jax import multihost
+from helpers import REPO
 from localleap_jax.checkpoint import EMBEDDED
-from localleap_jax.multihost import (DistributedError, Follower, Leader, LostProcessError, Message, config_from_json,
-                                     config_to_json, follow, pack, payload_template, processes_from, unpack)
+from localleap_jax.dist.messages import HEADER_WORDS, Message, pack, payload_template, unpack
+from localleap_jax.dist import multihost as dist_multihost
+from localleap_jax.dist.multihost import Follower, Leader, follow
+from localleap_jax.partition import make_mesh
+from localleap_jax.processes import LostProcessError
 from localleap_jax.rules import DecodeError
-from localleap_jax.sharding import make_mesh, mesh_from_text
 
 
 class QueueTransport:
@@ -62,7 +63,7 @@ def per_row_config(**kw):
 
 def crossed(cfg):
     """What a follower rebuilds from the message's JSON text."""
-    return config_from_json(json.loads(json.dumps(config_to_json(cfg))))
+    return ll.DecodeConfig.from_json(json.loads(json.dumps(cfg.to_json())))
 
 
 def rows_of(rule, batch=3):
@@ -97,7 +98,7 @@ def test_combined_rules_and_the_deprecated_fields_cross_too():
 def test_a_rule_that_exists_only_in_this_process_is_refused():
     only_here = ll.stateless(lambda s: s.conf > 0.5, "only_here")
     with pytest.raises(DecodeError, match="rule 'only_here' cannot be sent to the other processes"):
-        config_to_json(ll.DecodeConfig(strategy=only_here))
+        ll.DecodeConfig(strategy=only_here).to_json()
 
 
 def test_messages_round_trip_and_a_stranger_is_refused():
@@ -107,7 +108,7 @@ def test_messages_round_trip_and_a_stranger_is_refused():
     for msg in (Message("stop", status=130), Message("load", {"path": "/x", "mesh": [2, 2]}),
                 Message("generate", {"config": {"a": 1.5}}, ids=ids, mask=mask, key=key)):
         header, payload = pack(msg)
-        assert header.shape == (multihost.HEADER_WORDS,) and header.dtype == np.int32
+        assert header.shape == (HEADER_WORDS,) and header.dtype == np.int32
         template = payload_template(header)  # what a follower allocates from the header alone
         assert {k: (v.shape, v.dtype) for k, v in template.items()} == {k: (v.shape, v.dtype) for k, v in payload.items()}
         back = unpack(header, payload)
@@ -118,6 +119,18 @@ def test_messages_round_trip_and_a_stranger_is_refused():
     header[0] = 12345
     with pytest.raises(LostProcessError, match="same version"):
         unpack(header, payload)
+
+
+class RecordingFollower(Follower):
+    """A follower that keeps what each message's call returned (the test's view; the protocol drops it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.returned = []
+
+    def handle(self, msg):
+        self.returned.append((msg.kind, super().handle(msg)))
+        return self.returned[-1][1]
 
 
 @pytest.fixture(scope="module")
@@ -134,10 +147,12 @@ def test_the_follower_carries_out_what_the_leader_did(embedded32):
     greedy = lead.generate(model, ids, mask, per_row_config(), mesh=mesh)
     sampled = lead.generate(model, ids, mask, per_row_config(temperature=1.0), jax.random.key(11), mesh=mesh)
     lead.stop(3)
-    follower = Follower()
+    follower = RecordingFollower()
     assert follow(transport, follower) == 3 and not transport.sent
-    assert follower.generated == 2 and follower.mesh.shape == mesh.shape
-    assert np.array_equal(follower.last.tokens, sampled.tokens) and np.array_equal(follower.last.nfe, sampled.nfe)
+    generated = [out for kind, out in follower.returned if kind == "generate"]
+    assert len(generated) == 2 and follower.mesh.shape == mesh.shape
+    assert np.array_equal(generated[0].tokens, greedy.tokens) and np.array_equal(generated[0].nfe, greedy.nfe)
+    assert np.array_equal(generated[1].tokens, sampled.tokens) and np.array_equal(generated[1].nfe, sampled.nfe)
     # The leader's own outputs against the model loaded without the protocol.
     plain = ll.generate(embedded32, ids, mask, per_row_config())
     assert np.array_equal(greedy.tokens, plain.tokens) and np.array_equal(greedy.nfe, plain.nfe)
@@ -162,10 +177,10 @@ def test_inputs_the_leader_refuses_never_reach_the_followers(embedded32):
 @pytest.mark.parametrize("ending, status", [("normal", 0), ("error", 2), ("ctrl-c", 130), ("own status", 5)])
 def test_leading_releases_the_followers_however_the_block_ends(monkeypatch, ending, status):
     transport = QueueTransport()
-    monkeypatch.setattr(multihost, "_LEADER", Leader(transport))
+    monkeypatch.setattr(dist_multihost, "_LEADER", Leader(transport))
     raised = {"error": ValueError, "ctrl-c": KeyboardInterrupt}.get(ending)
     try:
-        with multihost.leading() as lead:
+        with dist_multihost.leading() as lead:
             if ending == "own status":
                 lead.stop(5)
             if raised:
@@ -174,52 +189,6 @@ def test_leading_releases_the_followers_however_the_block_ends(monkeypatch, endi
         assert type(e) is raised
     assert len(transport.sent) == 1  # one stop, however many times stop was asked for
     assert follow(transport, Follower()) == status
-
-
-def test_a_signal_inside_a_lockstep_step_waits_for_its_end():
-    reached_the_end = False
-    with pytest.raises(KeyboardInterrupt):
-        with multihost.signals_deferred():
-            signal.raise_signal(signal.SIGINT)
-            time.sleep(0.05)  # a handler runs between bytecodes: it has had its chance
-            reached_the_end = True
-    assert reached_the_end
-
-
-@pytest.mark.parametrize("given, environ, message", [
-    (dict(num_processes=2, process_id=1), {}, "--num-processes/--process-id need --coordinator HOST:PORT"),
-    (dict(coordinator="localhost"), {}, "--coordinator 'localhost': expected HOST:PORT"),
-    (dict(coordinator="localhost:99999", num_processes=2, process_id=0), {}, "expected HOST:PORT"),
-    (dict(coordinator="localhost:1234"), {}, "--coordinator needs --num-processes N and --process-id I"),
-    (dict(coordinator="localhost:1234", num_processes=2, process_id=2), {}, r"--process-id 2: expected 0 to 1"),
-    (dict(), {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "two", "JAX_PROCESS_ID": "0"},
-     "JAX_NUM_PROCESSES='two': expected a whole number"),
-])
-def test_process_settings_mistakes_are_named(given, environ, message):
-    with pytest.raises(DistributedError, match=message):
-        processes_from(**given, environ=environ)
-
-
-def test_process_settings_come_from_flags_or_the_environment():
-    assert not processes_from(environ={}).joins
-    env = {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:8476", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"}
-    assert processes_from(environ=env) == multihost.Processes("10.0.0.1:8476", 4, 3)
-    assert processes_from(process_id=1, environ=env).process_id == 1  # a flag wins
-    assert processes_from("auto", environ={}).coordinator == "auto"
-
-
-@pytest.mark.parametrize("text, message", [
-    ("data=3", "data=3 does not divide the 4 devices"),
-    ("model=3", "model=3 does not divide the 4 devices"),
-    ("data=2,model=1", r"data x model = 2 devices, but there are 4"),
-    ("data=4,model=2", r"data x model = 8 devices, but there are 4"),
-    ("data=2,data=2", "data given twice"),
-    ("rows=2", "expected data=D,model=M"),
-    ("", "expected data=D,model=M"),
-])
-def test_mesh_mistakes_are_named(text, message):
-    with pytest.raises(DecodeError, match=message):
-        mesh_from_text(text, devices=[object()] * 4)  # refused before any device is touched
 
 
 MISTAKES = [  # (eval_gsm8k.py flags, the one error line); run with 4 devices in one process

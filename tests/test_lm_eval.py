@@ -11,7 +11,7 @@ import pytest
 
 import localleap_jax as ll
 from localleap_jax.checkpoint import EMBEDDED
-from localleap_jax.lm_eval_adapter import GenerationOnlyError, LocalLeapLM, ModelArgsError, cut_at_until
+from localleap_jax.lm_eval import GenerationOnlyError, LocalLeapLM, ModelArgsError, cut_at_until
 
 DECODE = dict(strategy="localleap", gen_length=64, block_length=16)
 
@@ -24,13 +24,12 @@ def embedded():
 @pytest.fixture(scope="module")
 def local_task(tmp_path_factory):
     """The stock lm-eval gsm8k task on 20 held-out synthetic problems (JSONL on disk, no download)."""
-    import eval_gsm8k
-    import synthetic_math
+    from localleap_jax import gsm8k, synthetic_math
 
     d = tmp_path_factory.mktemp("task")
     synthetic_math.write_jsonl(synthetic_math.take("test", 20, seed=5), str(d / "test.jsonl"))
     synthetic_math.write_jsonl(synthetic_math.take("train", 5, seed=5), str(d / "train.jsonl"))
-    name, include = eval_gsm8k.local_task(d, d / "test.jsonl", d / "train.jsonl")
+    name, include = gsm8k.local_task(d, d / "test.jsonl", d / "train.jsonl")
     return name, include
 
 
@@ -106,12 +105,13 @@ def test_output_is_cut_at_the_requests_until_strings(embedded):
     assert cut == full[:full.find(" = ")]
 
 
-def test_a_short_last_batch_runs_the_full_batches_program_and_answers_as_alone(embedded, monkeypatch):
+def test_a_short_last_batch_runs_the_full_batches_program_and_answers_as_alone(embedded):
     from lm_eval.api.instance import Instance
 
-    from localleap_jax import decode
+    from localleap_jax.compile_cache import compiled_programs, forget_compiled
 
-    monkeypatch.setattr(decode, "_COMPILED", {})  # count this test's programs only
+    forget_compiled()  # this test's programs compile here, counted from `seen` on
+    seen = len(compiled_programs())
     ctxs = [f"Question: Mia has {a} apples. She gets {b} more apples. How many apples does Mia have now?\nAnswer:"
             for a, b in zip((3, 5, 2, 7, 4, 6), (4, 1, 6, 2, 3, 5))]  # one prompt length: one bucket
     assert len({len(embedded.tokenizer.encode(c)) for c in ctxs}) == 1
@@ -119,7 +119,7 @@ def test_a_short_last_batch_runs_the_full_batches_program_and_answers_as_alone(e
     lm = LocalLeapLM(model=embedded, compile_cache=False, progress=False, batch_size=4, **DECODE)
     answers = lm.generate_until(reqs)
     assert lm.model_calls == 2  # the case: batches of 4 and 2
-    assert len(decode._COMPILED) == 1  # the batch of 2 ran the batch of 4's program
+    assert len(compiled_programs()) == seen + 1  # the batch of 2 ran the batch of 4's program
     assert sorted(r["batch_size"] for r in lm.stats.values()) == [2, 2, 4, 4, 4, 4]  # filler rows are not counted
     alone = LocalLeapLM(model=embedded, compile_cache=False, progress=False, batch_size=1, **DECODE)
     assert answers == alone.generate_until(reqs)
@@ -214,7 +214,7 @@ def test_a_response_cache_holding_missing_answers_generates_them_again(embedded,
 
 
 def test_a_response_cache_of_another_setup_is_refused_before_generating(embedded, local_task, tmp_path):
-    from localleap_jax.lm_eval_adapter import CacheMismatchError
+    from localleap_jax.lm_eval import CacheMismatchError
 
     cache = str(tmp_path / "cache" / "localleap")
     _evaluate(LocalLeapLM(model=embedded, batch_size=8, compile_cache=False, progress=False, **DECODE), local_task,
@@ -260,7 +260,7 @@ BATCH = {"batch_size": 8, "devices": 1}
 
 
 def _key(model, *, chat=True, seed=0, truncate=False, batch=BATCH, task=None, **decode):
-    from localleap_jax.lm_eval_adapter import answers_key, key_digest
+    from localleap_jax.lm_eval import answers_key, key_digest
 
     cfg = ll.DecodeConfig(**{**DECODE, **decode})
     return key_digest(answers_key(model, cfg, chat=chat, seed=seed, truncate_fewshot=truncate, batch=batch, task=task))
@@ -314,7 +314,7 @@ def test_a_gen_length_beyond_the_model_names_the_cause(embedded):
 
 
 def test_over_long_prompts_are_refused_before_anything_is_generated(embedded):
-    from localleap_jax.lm_eval_adapter import PromptTooLongError
+    from localleap_jax.lm_eval import PromptTooLongError
 
     lm = LocalLeapLM(model=embedded, compile_cache=False, progress=False, **DECODE)  # room: 512 - 64 = 448
     long_ones = [f"Question: {'one two three ' * n}how many?\nAnswer:" for n in (120, 200)]
@@ -340,7 +340,7 @@ FINAL = "Ava has 5 cups.\n\nShe breaks 2 of them. How many cups are left?"
 
 
 def test_fewshot_spans_find_whole_examples_even_with_blank_lines_inside_them():
-    from localleap_jax.lm_eval_adapter import fewshot_spans
+    from localleap_jax.lm_eval import fewshot_spans
 
     for description in ("", "Solve these problems.\n\n"):
         context = _gsm8k_context(EXAMPLES[:3], FINAL, description)
@@ -396,3 +396,22 @@ def test_an_answer_is_cached_only_after_its_stats_are_written(embedded, local_ta
     with pytest.raises(OSError, match="No space left"):
         _evaluate(lm, local_task, use_cache=cache, limit=4)
     assert lm.model_calls == 1 and _answer_keys(cache + "_rank0.db") == []
+
+
+# ---------------------------------------------------------------- the package's earlier name and lm-eval's entry point
+
+
+def test_the_earlier_module_and_the_entry_point_name_the_package_s_class():
+    import importlib
+    import tomllib
+
+    from helpers import REPO
+    from localleap_jax import lm_eval, lm_eval_adapter
+
+    assert all(getattr(lm_eval_adapter, name) is getattr(lm_eval, name) for name in lm_eval_adapter.__all__)
+    entry = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["lm_eval.models"]
+    module, _, name = entry["localleap"].partition(":")
+    assert getattr(importlib.import_module(module), name) is LocalLeapLM
+    from lm_eval.api.registry import get_model
+
+    assert get_model("localleap") is LocalLeapLM

@@ -10,8 +10,9 @@ import torch
 import localleap_jax as ll
 from rule_cases import EVERY_RULE
 from localleap_jax import decode, reference_torch
+from localleap_jax.compile_cache import compiled_programs
 from localleap_jax.tokenizer import left_pad
-from conftest import random_llada_tensors, tiny_hf_config, write_hf_checkpoint
+from helpers import random_llada_tensors, tiny_hf_config, write_hf_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ SETTINGS = [
 def _oracle(torch_model, model, prompt, setting, stats=None, trace=None, rule=None):
     kw = {k: v for k, v in setting.items() if k != "strategy"}
     ids = torch.tensor([prompt])
-    special = decode.special_ids(model)
+    special = model.special
     how = dict(rule=rule) if rule is not None else dict(strategy=setting["strategy"])
     x, nfe = reference_torch.eager_generate(
         torch_model, ids, mask_id=model.config.mask_token_id, eos_id=model.config.eos_token_id,
@@ -134,10 +135,10 @@ def test_a_sweep_compiles_once_and_one_batch_holds_the_whole_grid(sharp):
     ids, mask = left_pad(prompts, model.config.pad_token_id)
     grid = [(k, t) for k in (0.7, 0.8, 0.9, 0.95, 0.99) for t in (0.3, 0.45, 0.6, 0.65, 0.7)]
     base = dict(gen_length=16, block_length=8)
-    compiled_before = len(decode._COMPILED)
+    compiled_before = len(compiled_programs())
     runs = [ll.generate(model, ids, mask, ll.DecodeConfig(strategy=ll.rule("localleap", kappa=k, tau=t, radius=2),
                                                           **base)) for k, t in grid]
-    assert len(decode._COMPILED) == compiled_before + 1
+    assert len(compiled_programs()) == compiled_before + 1
     assert sum(r.compile_seconds > 0 for r in runs) == 1
     kappa = np.repeat([k for k, _ in grid], 16)
     tau = np.repeat([t for _, t in grid], 16)
@@ -179,11 +180,11 @@ def test_second_call_with_new_prompts_of_the_same_shape_compiles_nothing(sharp):
     model, _ = sharp
     cfg = ll.DecodeConfig(strategy="localleap", gen_length=16, block_length=8, prompt_bucket=16)
     first = ll.generate(model, *left_pad([[1, 2, 3], [4, 5]], 0), cfg)
-    n = len(decode._COMPILED)
+    n = len(compiled_programs())
     again = ll.generate(model, *left_pad([[9, 8, 7, 6, 5, 4], [3, 2, 1, 9]], 0), cfg)  # other lengths, same bucket
-    assert len(decode._COMPILED) == n and again.compile_seconds == 0.0 and first.tokens.shape[0] == 2
+    assert len(compiled_programs()) == n and again.compile_seconds == 0.0 and first.tokens.shape[0] == 2
     ll.generate(model, *left_pad([list(range(1, 20))] * 2, 0), cfg)  # a longer prompt: the next bucket
-    assert len(decode._COMPILED) == n + 1
+    assert len(compiled_programs()) == n + 1
 
 
 def test_the_whole_generation_is_one_device_loop(sharp):
@@ -192,8 +193,8 @@ def test_the_whole_generation_is_one_device_loop(sharp):
     ids, mask = left_pad(PROMPTS, 0)
     rule = cfg.rule.with_rows(len(PROMPTS))
     jaxpr = jax.make_jaxpr(lambda d, i, m, r: decode.decode_loop(d, i, m, None, r, loop=cfg.loop_settings(),
-                                                                    special=decode.special_ids(model)))(
-        decode.denoiser_of(model), ids, mask, rule)
+                                                                    special=model.special))(
+        model.denoiser, ids, mask, rule)
     top = [e.primitive.name for e in jaxpr.jaxpr.eqns]
     assert top.count("while") == 1
     assert not any("callback" in str(e.primitive) for e in jaxpr.jaxpr.eqns)
@@ -216,10 +217,10 @@ def test_the_whole_generation_is_one_device_loop(sharp):
 ])
 def test_bad_configs_fail_before_compiling(sharp, change, message):
     model, _ = sharp
-    n = len(decode._COMPILED)
+    n = len(compiled_programs())
     with pytest.raises(ll.DecodeError, match=message):
         ll.generate(model, *left_pad(PROMPTS, 0), dataclasses.replace(ll.DecodeConfig(gen_length=16, block_length=8), **change))
-    assert len(decode._COMPILED) == n
+    assert len(compiled_programs()) == n
 
 
 def test_empty_prompts_are_refused(sharp):
@@ -309,7 +310,7 @@ DUAL_IDENTICAL_AT_LEAST = 0.9
 
 def _dream(tmp_path_factory, tok, n_layers, seed):
     """A converted random Dream-layout model whose confidences spread, and its Qwen2 torch twin."""
-    from conftest import random_dream_tensors, tiny_dream_config, write_dream_checkpoint
+    from helpers import random_dream_tensors, tiny_dream_config, write_dream_checkpoint
     from convert.dream import convert
 
     cfg = tiny_dream_config(320, tok.mask_token_id, tok.eos_token_id, num_hidden_layers=n_layers)

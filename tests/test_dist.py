@@ -1,7 +1,8 @@
-"""Decoding on (data, model) meshes of 8 virtual CPU devices equals single-device decoding.
+"""The distribution wing on 8 virtual CPU devices: (data, model) meshes (dist.mesh) and pmap (dist.pmap) decode
+exactly as one device; parameters are split and loaded straight into their shards.
 
-Runs in a subprocess: the device count is fixed when JAX starts (XLA_FLAGS), and the rest of the suite
-runs on one device.
+One subprocess serves every test here: the device count is fixed when JAX starts (XLA_FLAGS), and the rest of
+the suite runs on one device.
 """
 
 import json
@@ -12,16 +13,18 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 
 SCRIPT = r"""
 import json, sys
 import jax, numpy as np
 import localleap_jax as ll
-from localleap_jax.sharding import addressable_bytes, make_mesh, param_specs, shard_params
+from localleap_jax.dist.mesh import addressable_bytes, shard_params
+from localleap_jax.partition import make_mesh, param_shardings, param_specs
 from localleap_jax.tokenizer import left_pad
 assert jax.device_count() == 8, jax.devices()
 model = ll.load(sys.argv[1], dtype="float32")
+small = ll.load(sys.argv[2], dtype="float32")  # the 3-layer tiny model of the pmap check
 prompts = [[5, 17, 42], [120, 3, 3, 250, 11], [77], [8, 9, 10, 11], [200, 201], [31, 32, 33, 34, 35, 36], [64]]
 ids, mask = left_pad(prompts, model.config.pad_token_id)  # 7 rows: no mesh below divides them evenly
 meshes = [(8, 1), (4, 2), (2, 4), (1, 8)]
@@ -50,8 +53,8 @@ res["bytes"] = dict(total=total, split=split, per_device=sorted(set(per_device.v
 # the unsharded load; generate uses the arrays as they are (nothing placed again).
 import tempfile
 from pathlib import Path
-from localleap_jax import checkpoint, sharding
-from localleap_jax.sharding import param_shardings
+from localleap_jax import checkpoint
+from localleap_jax.dist import mesh as dist_mesh
 loaded = ll.load(sys.argv[1], dtype="float32", mesh=mesh)
 want = param_shardings(model.params, mesh)
 res["loaded"] = dict(
@@ -59,10 +62,10 @@ res["loaded"] = dict(
     values=all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(jax.tree.leaves(loaded.params),
                                                                             jax.tree.leaves(model.params))),
     per_device=sorted(set(addressable_bytes(loaded.params).values())))
-sharding._SHARDED_PARAMS.clear()
+dist_mesh._SHARDED_PARAMS.clear()
 cfg = ll.DecodeConfig(strategy=ll.rule("localleap"), gen_length=16, block_length=8, cache="dual")
 out = ll.generate(loaded, ids, mask, cfg, mesh=mesh)
-res["loaded"].update(placed_again=len(sharding._SHARDED_PARAMS), tokens=bool((out.tokens == ll.generate(model, ids, mask, cfg).tokens).all()))
+res["loaded"].update(placed_again=len(dist_mesh._SHARDED_PARAMS), tokens=bool((out.tokens == ll.generate(model, ids, mask, cfg).tokens).all()))
 # The non-finite check on a split leaf: per-shard counts summed across devices, never a gather.
 leaf = loaded.params["blocks"]["up_proj"]["kernel"]
 hlo = checkpoint.count_non_finite.lower(leaf).compile().as_text()
@@ -80,29 +83,55 @@ except ll.CheckpointError as e:
     res["nan_refused"] = str(e)
 
 # The compiled decode step's temporary memory per device, one device vs the model split 4 ways.
-from localleap_jax import decode
+from localleap_jax.compile_cache import compiled_programs, forget_compiled
 def temp_bytes(m):
     cfg = ll.DecodeConfig(gen_length=16, block_length=8, cache="dual")
-    decode._COMPILED.clear()
+    forget_compiled()
+    before = len(compiled_programs())
     ll.generate(model, ids[:1], mask[:1], cfg, mesh=make_mesh(1, m))
-    (exe,) = decode._COMPILED.values()
-    return exe.memory_analysis().temp_size_in_bytes
+    (program,) = compiled_programs()[before:]
+    return program.executable.memory_analysis().temp_size_in_bytes
 res["temp"] = {"model=1": temp_bytes(1), "model=4": temp_bytes(4)}
+
+# pmap over 4 of the devices (ll.generate(devices=...)): the same tokens as one device for a batch of 5.
+pmap_prompts = [[5, 17, 42], [120, 3, 3, 250, 11], [77], [8, 9, 10, 11], [200, 201]]
+pids, pmask = left_pad(pmap_prompts, small.config.pad_token_id)
+four = jax.devices()[:4]
+res["pmap"] = {}
+for strategy in ("low_confidence", "localleap"):
+    cfg = ll.DecodeConfig(strategy=strategy, gen_length=16, block_length=8, kappa=0.5, tau=0.3)
+    one = ll.generate(small, pids, pmask, cfg)
+    par = ll.generate(small, pids, pmask, cfg, devices=four)
+    again = ll.generate(small, pids[::-1], pmask[::-1], cfg, devices=four)  # same shapes: no recompilation
+    res["pmap"][strategy] = dict(tokens=bool((one.tokens == par.tokens).all()), nfe=bool((one.nfe == par.nfe).all()),
+                                 shape=list(par.tokens.shape), reversed=bool((again.tokens == par.tokens[::-1]).all()),
+                                 recompiled=again.compile_seconds > 0)
 print(json.dumps(res))
 """
 
 
-@pytest.mark.slow
-def test_every_mesh_decodes_exactly_as_one_device(converted_sharp):
+@pytest.fixture(scope="module")
+def eight_devices(converted_sharp, converted):
+    """What SCRIPT measured, in a process with 8 virtual CPU devices."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(converted_sharp)], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=1200)
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(converted_sharp), str(converted)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_every_mesh_decodes_exactly_as_one_device(eight_devices):
+    res = eight_devices
     for case in res["cases"]:
         assert case["tokens"] and case["nfe"] and case["shape"][0] == 7, case
     assert len(res["cases"]) == 3 * 2 * 4
     assert all(len(s) > 1 for s in res["nfe_spread"][:4])  # rows finish at different passes (the per-shard loop matters)
+
+
+@pytest.mark.slow
+def test_the_model_axis_splits_the_weights_and_the_program(eight_devices):
+    res = eight_devices
     b = res["bytes"]
     print(f"parameter bytes: {b['total']} in all, {b['split']} split; per device with model=4: {b['per_device']}; "
           f"temp bytes of one decode program per device: {res['temp']}")
@@ -110,8 +139,19 @@ def test_every_mesh_decodes_exactly_as_one_device(converted_sharp):
     assert max(b["per_device"]) <= 1.05 * b["total"] / 4
     assert b["split"] >= 0.99 * b["total"]  # every matmul weight of this model divides by 4
     assert res["temp"]["model=4"] < res["temp"]["model=1"]
+
+
+@pytest.mark.slow
+def test_a_sharded_load_lands_in_the_shards_and_is_checked_there(eight_devices):
+    res, b = eight_devices, eight_devices["bytes"]
     loaded = res["loaded"]
     assert loaded["shardings"] and loaded["values"] and loaded["per_device"] == b["per_device"], loaded
     assert loaded["placed_again"] == 0 and loaded["tokens"], loaded
     assert res["finite_check"] == {"split": "P(None, None, 'model')", "all_gather": False, "all_reduce": True}
     assert re.search(r"\['blocks'\]\['up_proj'\]\['kernel'\] holds 1 non-finite value", res["nan_refused"]), res["nan_refused"]
+
+
+@pytest.mark.slow
+def test_pmap_over_four_devices_equals_one_device(eight_devices):
+    for strategy, got in eight_devices["pmap"].items():
+        assert got == dict(tokens=True, nfe=True, shape=[5, got["shape"][1]], reversed=True, recompiled=False), strategy

@@ -1,0 +1,43 @@
+"""The front door: `ll.load` and `ll.generate`, which choose where the work runs.
+
+    model = ll.load(path, dtype="bfloat16", verify=True, mesh=None)
+    out = ll.generate(model, ids, mask, cfg, rng, trace=False, mesh=None, devices=None)
+
+`generate` runs on one device by default; with `devices` (several local devices) the batch is split over
+them with a full copy of the weights on each (pmap); with `mesh` (a (data, model) mesh from
+`localleap_jax.partition.make_mesh`) the batch is split over "data" and the weights over "model". Every
+choice gives the same tokens. `load` restores onto one device, or straight into the mesh's shards; with
+several processes every process loads at once and all raise if any fails.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from localleap_jax.checkpoint import Model
+from localleap_jax.decode import DecodeConfig, DecodeError, Generation, generate as generate_on_one_device
+from localleap_jax.dist import multihost
+from localleap_jax.dist.mesh import generate_sharded
+from localleap_jax.dist.pmap import generate_parallel
+
+
+def load(path, dtype="bfloat16", verify: bool = True, mesh=None) -> Model:
+    """Restore a checkpoint directory (see `localleap_jax.checkpoint.load`): into `dtype`, on one device or,
+    with `mesh`, straight into each parameter's shards; on several processes, every process at once."""
+    return multihost.load(path, dtype=dtype, verify=verify, mesh=mesh)
+
+
+def generate(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,
+             trace: bool = False, mesh=None, devices=None) -> Generation:
+    """Decode a batch of left-padded prompts (ids [B, Lp], mask [B, Lp]) with one compiled loop.
+
+    `model`: an `ll.Model` (or anything with `config`, `denoiser` and `special`). `trace=True` also returns
+    `out.trace` (localleap_jax.trace). `mesh` runs on a (data, model) mesh; `devices`, a list of local
+    devices, splits the batch over them (pmap). See `localleap_jax.decode.run.generate` for the costs."""
+    if mesh is not None and devices is not None:
+        raise DecodeError("pass mesh= or devices=, not both (a mesh already names its devices)")
+    if mesh is not None:
+        return generate_sharded(model, ids, mask, cfg, mesh, rng=rng, trace=trace)
+    if devices is not None:
+        return generate_parallel(model, ids, mask, cfg, rng, devices=devices, trace=trace)
+    return generate_on_one_device(model, ids, mask, cfg, rng, trace=trace)

@@ -1,0 +1,27 @@
+"""Decoding: the whole generation of a batch as one jitted `lax.while_loop`, made of small pieces.
+
+  config    DecodeConfig (what is asked, validated before compiling) and its compile-time LoopSettings
+  canvas    the canvas layout [prompt | blocks] and row-wise helpers
+  step      one denoising step: head -> prediction/confidence -> rule -> commits (the rule contract kept)
+  cache     cache policies (none, prefix, dual): what each pass computes and keeps
+  stop      stop policies (never, EOS early stop)
+  recorder  recorders (none, trace buffers)
+  loop      decode_loop: the one while_loop, the step between the pieces' calls
+  run       inputs checked and bucketed, one compile per program, Generation; the single-device runner
+"""
+
+from localleap_jax.decode.cache import CACHE_MODES, CACHE_POLICIES, CachePolicy, DualCache, NoCache, PrefixCache
+from localleap_jax.decode.canvas import Canvas
+from localleap_jax.decode.config import LEGACY_SETTINGS, DecodeConfig, check_room
+from localleap_jax.decode.loop import LoopOutput, LoopSettings, LoopState, decode_loop
+from localleap_jax.decode.recorder import NoRecorder, Recorder, TraceBuffers, TraceRecorder
+from localleap_jax.decode.run import Generation, OneDevice, Placement, generate, pad_rows, prepare_inputs, run
+from localleap_jax.decode.step import Scoring, StepResult, denoise_step, predict
+from localleap_jax.decode.stop import NeverStop, StopAny, StopAtEos, StopPolicy
+from localleap_jax.rules import DecodeError
+
+__all__ = ["CACHE_MODES", "CACHE_POLICIES", "CachePolicy", "Canvas", "DecodeConfig", "DecodeError", "DualCache",
+           "Generation", "LEGACY_SETTINGS", "LoopOutput", "LoopSettings", "LoopState", "NeverStop", "NoCache",
+           "NoRecorder", "OneDevice", "Placement", "PrefixCache", "Recorder", "Scoring", "StepResult", "StopAny",
+           "StopAtEos", "StopPolicy", "TraceBuffers", "TraceRecorder", "check_room", "decode_loop", "denoise_step",
+           "generate", "pad_rows", "predict", "prepare_inputs", "run"]

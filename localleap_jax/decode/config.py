@@ -1,0 +1,138 @@
+"""`DecodeConfig`: what a generation is asked to do, validated before anything compiles.
+
+The rule's settings become inputs of the compiled program (one value per row); everything else that shapes
+the program is its compile-time part, `loop_settings()`, which chooses the loop's pieces: the cache policy,
+the stop policy and the recorder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from localleap_jax import rules
+from localleap_jax.decode.cache import CACHE_MODES, CACHE_POLICIES
+from localleap_jax.decode.loop import LoopSettings
+from localleap_jax.decode.recorder import NoRecorder, TraceRecorder
+from localleap_jax.decode.step import Scoring
+from localleap_jax.decode.stop import NeverStop, StopAtEos
+from localleap_jax.rules import DecodeError
+from localleap_jax.rules.base import check_settings
+from localleap_jax.rules.registry import value_to_json
+
+LEGACY_SETTINGS = ("kappa", "tau", "radius", "steps")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    strategy: Any = "localleap"  # a rule object (ll.rule(...)), or a name / spec string such as "eb:gamma=0.01"
+    gen_length: int = 256
+    block_length: int = 32
+    # Deprecated: settings of a strategy given by name (None: the rule's default). Prefer
+    # ll.rule("localleap", kappa=..., tau=..., radius=...). A rule that has no such setting ignores it.
+    kappa: float | None = None
+    radius: int | None = None
+    tau: float | None = None
+    steps: int | None = None
+    temperature: float = 0.0  # 0: argmax; > 0: Gumbel-max sampling (needs rng)
+    early_stop: bool = False  # a finished block holding EOS fills the rest with EOS and ends the row
+    logits_eos_inf: bool = False  # LLaDA switch: never predict EOS
+    confidence_eos_eot_inf: bool = False  # LLaDA switch: EOS/EOT predictions get confidence 0 (commit last)
+    cache: str = "none"  # "none" | "prefix" | "dual" (Fast-dLLM KV caches; see decode/cache.py)
+    prompt_bucket: int = 64  # prompts are left-padded to a multiple of this, to bound recompiles
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def rule(self):
+        """The rule object this config decodes with (a name plus the deprecated fields, mapped)."""
+        legacy = {k: getattr(self, k) for k in LEGACY_SETTINGS if getattr(self, k) is not None}
+        if not isinstance(self.strategy, str):
+            if legacy:
+                raise DecodeError(f"{', '.join(legacy)} given beside a rule object: set them on the rule, e.g. "
+                                  f"ll.rule({self.strategy.name!r}, {', '.join(f'{k}=...' for k in legacy)})")
+            return self.strategy
+        name, given = rules.parse_spec(self.strategy)
+        if name not in rules.RULES:
+            raise DecodeError(f"unknown strategy {name!r}; choose from {', '.join(sorted(rules.RULES))}")
+        takes = _settings_taken(rules.RULES[name])
+        mapped = {k: v for k, v in legacy.items() if k in takes and k not in given}
+        return rules.rule(self.strategy, **mapped)
+
+    def validate(self) -> "DecodeConfig":
+        def bad(msg):
+            raise DecodeError(msg)
+        for name in ("gen_length", "block_length", "prompt_bucket"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                bad(f"{name}={v!r} must be a whole number")
+        for name in ("temperature",):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not np.isfinite(v):
+                bad(f"{name}={v!r} must be a finite number")
+        for name in ("early_stop", "logits_eos_inf", "confidence_eos_eot_inf"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                bad(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.cache not in CACHE_POLICIES:
+            bad(f"unknown cache {self.cache!r}; choose from {', '.join(CACHE_MODES)}")
+        if self.gen_length <= 0 or self.block_length <= 0:
+            bad(f"gen_length ({self.gen_length}) and block_length ({self.block_length}) must be positive")
+        if self.gen_length % self.block_length:
+            bad(f"gen_length={self.gen_length} is not a multiple of block_length={self.block_length}")
+        if self.temperature < 0:
+            bad(f"temperature={self.temperature} must be >= 0")
+        if self.prompt_bucket <= 0:
+            bad(f"prompt_bucket={self.prompt_bucket} must be positive")
+        # The deprecated fields keep their range checks even where the named rule ignores them.
+        legacy = {k: getattr(self, k) for k in ("kappa", "tau", "radius") if getattr(self, k) is not None}
+        check_settings(rules.LocalLeap(**legacy))
+        if self.kappa is not None and self.tau is not None and self.tau > self.kappa:
+            bad(f"tau={self.tau} > kappa={self.kappa}: the relaxed threshold must not be stricter than the anchor")
+        rules.LowConfidence(self.steps).validate(self.gen_length, self.block_length)
+        self.rule.validate(self.gen_length, self.block_length)
+        return self
+
+    def loop_settings(self, trace: bool = False) -> LoopSettings:
+        """The compile-time part: the canvas, how logits are scored, and the loop's pieces."""
+        return LoopSettings(
+            self.gen_length, self.block_length,
+            Scoring(float(self.temperature), bool(self.logits_eos_inf), bool(self.confidence_eos_eot_inf)),
+            cache=CACHE_POLICIES[self.cache],
+            stop=StopAtEos() if self.early_stop else NeverStop(),
+            recorder=TraceRecorder() if trace else NoRecorder())
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything in this config that changes the generated tokens, JSON-able (for resume keys)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("strategy", "prompt_bucket", *LEGACY_SETTINGS)}
+        return {**out, "rule": self.rule.spec()}
+
+    def to_json(self) -> dict:
+        """Every field, the rule resolved (names and the deprecated fields folded in) with its exact settings
+        (`rules.rule_to_json`): what another process rebuilds the same config from."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name not in ("strategy", *LEGACY_SETTINGS)}
+        return {**{k: value_to_json(v) for k, v in fields.items()}, "rule": rules.rule_to_json(self.rule)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "DecodeConfig":
+        fields = {k: v for k, v in data.items() if k != "rule"}
+        return cls(strategy=rules.rule_from_json(data["rule"]), **fields)
+
+
+def _settings_taken(cls) -> set[str]:
+    """The deprecated fields a rule registered under a name takes (a rule given as a function takes none)."""
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls) if "setting" in f.metadata}
+    return set()
+
+
+def check_room(gen_length: int, max_sequence_length: int) -> None:
+    """A canvas of gen_length must leave a model of this length room for at least one prompt token."""
+    if gen_length >= max_sequence_length:
+        raise DecodeError(f"gen_length={gen_length} leaves no room for a prompt: the model's "
+                          f"max_sequence_length is {max_sequence_length}")

@@ -1,0 +1,114 @@
+"""The whole generation for one batch as one `lax.while_loop`: each iteration is one forward pass of the batch.
+
+    out = decode_loop(denoiser, ids, mask, rng, rule, loop=settings, special=special_ids)
+
+The body is the step (`step.denoise_step`: the block's hidden states -> prediction/confidence -> rule ->
+commits) between the pieces `settings` holds: the cache policy (what the pass computes and keeps), the
+recorder (what is written down), the stop policy (early stop). The loop itself only does the bookkeeping
+that every generation shares: per row, a full block moves the row to its next block (or ends it: last block,
+or the stop policy) and resets its rule state; NFE counts the passes in which a row was still working.
+
+Everything is static-shaped and per-row state lives in arrays, so the loop has no host round trip. The
+rule's settings are arrays of one value per row (`rule.with_rows`): inputs of the program, not constants,
+so a sweep over them runs one compiled program.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int
+
+from localleap_jax.decode.cache import CachePolicy
+from localleap_jax.decode.canvas import Canvas, rows_where
+from localleap_jax.decode.recorder import Recorder
+from localleap_jax.decode.step import Scoring, denoise_step
+from localleap_jax.decode.stop import StopPolicy
+from localleap_jax.denoiser import Denoiser, SpecialIds
+
+
+class LoopSettings(NamedTuple):
+    """The compile-time part of a generation (hashable: part of the compiled program's key)."""
+
+    gen_length: int
+    block_length: int
+    scoring: Scoring
+    cache: CachePolicy
+    stop: StopPolicy
+    recorder: Recorder
+
+
+class LoopState(NamedTuple):
+    x: Int[Array, "B L"]  # the canvas
+    block: Int[Array, "B"]  # current block per row
+    step_in_block: Int[Array, "B"]  # steps taken in the current block (drives LLaDA's schedule)
+    done: Bool[Array, "B"]
+    nfe: Int[Array, "B"]
+    passes: Int[Array, ""]
+    full_passes: Int[Array, ""]
+    cache: Any  # the cache policy's state
+    rule_state: Any  # the rule's own state, leading axis B
+    record: Any  # the recorder's state (() when not recording)
+
+
+class LoopOutput(NamedTuple):
+    x: Int[Array, "B L"]
+    nfe: Int[Array, "B"]
+    passes: Int[Array, ""]
+    full_passes: Int[Array, ""]
+    record: Any
+
+
+def decode_loop(denoiser: Denoiser, ids: Int[Array, "B P"], mask: Bool[Array, "B P"], rng: jax.Array | None, rule,
+                *, loop: LoopSettings, special: SpecialIds) -> LoopOutput:
+    """The whole generation for one batch. `rule` has one value per row in every setting (`with_rows`)."""
+    B = ids.shape[0]
+    G, T = loop.gen_length, loop.block_length
+    canvas = Canvas.build(ids, mask, gen_length=G, block_length=T, mask_id=special.mask, shift=denoiser.shift)
+    rule_state0 = rule.init(B, T, denoiser.vocab)
+
+    def body(state: LoopState) -> LoopState:
+        block = canvas.block(state.x, state.block)
+        refresh = loop.cache.refreshes(state.done, state.step_in_block)
+        hidden = loop.cache.forward(denoiser, canvas, state.x, block, state.cache, refresh,
+                                    loop.recorder.wants_region)
+        key = None if rng is None else jax.random.fold_in(rng, state.passes)
+        step = denoise_step(denoiser.head, hidden.block, block.tokens, state.done, state.step_in_block, rule,
+                            state.rule_state, scoring=loop.scoring, special=special, key=key, gen_length=G,
+                            block_length=T)
+        x = state.x.at[jnp.arange(B)[:, None], block.idx].set(step.tokens)
+
+        block_full = ~jnp.any(step.tokens == special.mask, axis=1)
+        last_block = state.block == canvas.num_blocks - 1
+        stop_here, x = loop.stop.update(x, block._replace(tokens=step.tokens), block_full, last_block, special)
+        done = state.done | (~state.done & block_full & (last_block | stop_here))
+        advance, moved = loop.cache.advances(done, block_full)
+        # A row entering a new block starts afresh. (A row with no candidates is done, or waits with a full
+        # block for the batch to advance, which resets it: what its update did meanwhile is never read.)
+        rule_state = rows_where(advance, rule_state0, step.rule_state)
+        record = loop.recorder.update(state.record, denoiser.head, hidden.region, block, step, state.nfe,
+                                      canvas.prompt_length, loop.scoring, special)
+        return LoopState(
+            x=x,
+            block=jnp.where(advance, state.block + 1, state.block),
+            step_in_block=jnp.where(moved | done, 0, state.step_in_block + step.working.astype(jnp.int32)),
+            done=done,
+            nfe=state.nfe + step.working.astype(jnp.int32),
+            passes=state.passes + 1,
+            full_passes=state.full_passes + refresh.astype(jnp.int32),
+            cache=hidden.cache,
+            rule_state=rule_state,
+            record=record,
+        )
+
+    def cond(state: LoopState):
+        # Every working row commits at least one token per pass, so G passes always suffice.
+        return ~jnp.all(state.done) & (state.passes < G)
+
+    zeros = jnp.zeros((B,), jnp.int32)
+    state = LoopState(canvas.x0, zeros, zeros, jnp.zeros((B,), bool), zeros, jnp.int32(0), jnp.int32(0),
+                      loop.cache.init(denoiser, canvas), rule_state0, loop.recorder.init(B, G))
+    state = jax.lax.while_loop(cond, body, state)
+    return LoopOutput(state.x, state.nfe, state.passes, state.full_passes, state.record)

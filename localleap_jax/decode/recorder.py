@@ -1,0 +1,100 @@
+"""Recorders: what the loop writes down about each pass besides the canvas.
+
+    state = recorder.init(batch, gen_length)
+    state = recorder.update(state, head, region, block, step, nfe, scoring, special)   # every pass
+    trace = recorder.to_host(state, x, nfe, prompt_length, clause_names)           # after the loop
+
+`NoRecorder` carries nothing (the program holds no trace buffers); `TraceRecorder` fills the static buffers
+of `localleap_jax.trace.Trace`. `wants_region` asks the cache policy for the hidden states of the whole
+generated region, which the trace scores at every pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, NamedTuple, Protocol
+
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from localleap_jax.decode.canvas import Block
+from localleap_jax.decode.step import Scoring, StepResult, predict
+from localleap_jax.denoiser import SpecialIds
+from localleap_jax.trace import Trace
+
+
+class Recorder(Protocol):
+    wants_region: bool
+
+    def init(self, batch: int, gen_length: int) -> Any: ...
+
+    def update(self, state: Any, head, region: Float[Array, "B G D"] | None, block: Block, step: StepResult,
+               nfe: Int[Array, "B"], prompt_length: int, scoring: Scoring, special: SpecialIds) -> Any: ...
+
+    def to_host(self, state: Any, x: np.ndarray, nfe: np.ndarray, prompt_length: int,
+                clause_names: tuple[str, ...]) -> Trace | None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class NoRecorder:
+    wants_region: ClassVar[bool] = False
+
+    def init(self, batch, gen_length):
+        return ()
+
+    def update(self, state, head, region, block, step, nfe, prompt_length, scoring, special):
+        return state
+
+    def to_host(self, state, x, nfe, prompt_length, clause_names):
+        return None
+
+
+class TraceBuffers(NamedTuple):
+    """Per-pass records inside the loop (see trace.py)."""
+
+    pred: Int[Array, "B S G"]
+    conf: Float[Array, "B S G"]
+    clause: Int[Array, "B S G"]
+    commit_pass: Int[Array, "B G"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceRecorder:
+    """Each row's pass s (its NFE before the pass) goes to slot s: a row's trace does not depend on the others."""
+
+    wants_region: ClassVar[bool] = True
+
+    def init(self, batch, gen_length):
+        B, G = batch, gen_length
+        return TraceBuffers(jnp.full((B, G, G), -1, jnp.int32), jnp.full((B, G, G), jnp.nan, jnp.float32),
+                            jnp.zeros((B, G, G), jnp.int8), jnp.full((B, G), -1, jnp.int32))
+
+    def update(self, state, head, region, block, step, nfe, prompt_length, scoring, special):
+        B, G = state.commit_pass.shape
+        rows = jnp.arange(B)[:, None]
+        if region is not None:
+            region_pred, region_conf, _ = predict(head(region), scoring._replace(temperature=0.0), special, None)
+        else:  # the pass computed only the block
+            region_pred = jnp.full((B, G), -1, jnp.int32)
+            region_conf = jnp.full((B, G), jnp.nan, jnp.float32)
+        at = block.idx - prompt_length
+        # Inside the block, record exactly what the rule saw (sampled predictions included).
+        region_pred = region_pred.at[rows, at].set(step.pred)
+        region_conf = region_conf.at[rows, at].set(step.conf)
+        region_code = jnp.zeros((B, G), jnp.int8).at[rows, at].set(step.code)
+        s = jnp.minimum(nfe, G - 1)
+
+        def keep(buf, new):  # only working rows write their slot
+            return buf.at[rows[:, 0], s].set(jnp.where(step.working[:, None], new, buf[rows[:, 0], s]))
+
+        commit_pass = jnp.where(region_code > 0, nfe[:, None], state.commit_pass)
+        return TraceBuffers(keep(state.pred, region_pred), keep(state.conf, region_conf),
+                            keep(state.clause, region_code), commit_pass)
+
+    def to_host(self, state, x, nfe, prompt_length, clause_names):
+        clause = np.asarray(state.clause)
+        return Trace(pred=np.asarray(state.pred), conf=np.asarray(state.conf), committed=clause > 0, clause=clause,
+                     clause_names=tuple(clause_names) + ("top1",),  # the last: a commit only the loop's contract made
+                     token=np.asarray(x)[:, prompt_length:], commit_pass=np.asarray(state.commit_pass),
+                     passes=np.asarray(nfe))

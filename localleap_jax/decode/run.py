@@ -1,0 +1,157 @@
+"""Running the loop on a batch: inputs checked and bucketed, the program compiled once, the output brought home.
+
+    out = generate(model, ids, mask, cfg, rng, trace=False)                 # one device
+    out = run(model, ids, mask, cfg, rng, placement=..., trace=False)         # wherever a Placement puts it
+
+`model` is anything with `config` (ModelConfig), `denoiser` (what the loop runs) and `special` (SpecialIds):
+a loaded `ll.Model`, or a stub. A `Placement` says where the program runs and how the batch is laid out
+there: `OneDevice` here; the pmap and mesh placements are in `localleap_jax.dist` (the core never imports
+them: the front door, `ll.generate`, chooses one). Every placement runs the same `decode_loop` and gives the
+same tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Callable, Hashable, Protocol
+
+import jax
+import numpy as np
+
+from localleap_jax.compile_cache import compile_once, signature
+from localleap_jax.config import ModelConfig
+from localleap_jax.decode.config import DecodeConfig, check_room
+from localleap_jax.decode.loop import LoopOutput, decode_loop
+from localleap_jax.rules import DecodeError
+from localleap_jax.trace import Trace
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    tokens: np.ndarray  # [B, Lp + G] int32: prompt (as given, left-padded) then the generated canvas
+    nfe: np.ndarray  # [B] forward passes during which each row was still generating
+    forward_passes: int  # forward passes the batch ran (loop iterations; the longest data shard's)
+    full_passes: int  # of which ran the whole canvas (all of them without a KV cache)
+    prompt_length: int  # Lp: generated ids are tokens[:, prompt_length:]
+    seconds: float  # wall time of the run, compilation excluded
+    compile_seconds: float  # 0.0 when the program was already compiled
+    trace: Trace | None = None  # with generate(..., trace=True)
+
+
+def prepare_inputs(ids, mask, cfg: DecodeConfig, config: ModelConfig, rng) -> tuple[np.ndarray, np.ndarray, int]:
+    """Validate user inputs and left-pad prompts to the bucket; returns (ids, mask, pad added)."""
+    cfg.validate()
+    ids = np.asarray(ids)
+    mask = np.ones(ids.shape, bool) if mask is None else np.asarray(mask).astype(bool)
+    if ids.ndim != 2 or mask.shape != ids.shape:
+        raise DecodeError(f"ids must be [batch, prompt_length] with a mask of the same shape; got ids "
+                          f"{ids.shape}, mask {mask.shape}")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise DecodeError(f"ids must be integer token ids, got dtype {ids.dtype}")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise DecodeError(f"empty batch or empty prompts (ids shape {ids.shape})")
+    check_room(cfg.gen_length, config.max_sequence_length)
+    empty = np.flatnonzero(~mask.any(axis=1))
+    if empty.size:
+        raise DecodeError(f"rows {empty.tolist()} have an empty prompt (mask all False)")
+    if ((ids < 0) | (ids >= config.embedding_size))[mask].any():
+        raise DecodeError(f"token ids must lie in [0, {config.embedding_size})")
+    longest = int(mask.sum(axis=1).max())
+    if longest + cfg.gen_length > config.max_sequence_length:
+        raise DecodeError(f"prompt ({longest} tokens) + gen_length ({cfg.gen_length}) exceeds the model's "
+                          f"max_sequence_length ({config.max_sequence_length})")
+    if cfg.temperature > 0 and rng is None:
+        raise DecodeError(f"temperature={cfg.temperature} samples: pass rng=jax.random.key(seed)")
+    P = ids.shape[1]
+    bucket = -(-P // cfg.prompt_bucket) * cfg.prompt_bucket
+    bucket = min(bucket, config.max_sequence_length - cfg.gen_length)  # never pad past the model's limit
+    pad = max(bucket - P, 0)
+    ids = np.pad(ids, ((0, 0), (pad, 0)), constant_values=config.pad_token_id).astype(np.int32)
+    mask = np.pad(mask, ((0, 0), (pad, 0)))
+    return ids, mask, pad
+
+
+class Placement(Protocol):
+    """Where one batch's loop runs, and how its rows are laid out there."""
+
+    kind: str  # names the program in compile_cache.compiled_programs()
+
+    def rows(self, batch: int) -> int:
+        """Rows the program runs for a batch of `batch` (padded with copies of row 0 to fill the devices)."""
+        ...
+
+    def place(self, denoiser, ids: np.ndarray, mask: np.ndarray, key: jax.Array | None, rule) -> tuple[Any, tuple]:
+        """(denoiser, program inputs) on the devices, from host inputs of `rows` rows."""
+        ...
+
+    def lower(self, loop_fn: Callable, denoiser, inputs: tuple):
+        """`loop_fn(denoiser, ids, mask, key, rule) -> LoopOutput`, lowered for these inputs."""
+        ...
+
+    def fetch(self, out: LoopOutput, batch: int) -> LoopOutput:
+        """The output on the host: NumPy rows in input order (padding dropped), passes as the largest count."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class OneDevice:
+    """The whole batch in one program on the default device."""
+
+    kind = "decode/one-device"
+
+    def rows(self, batch):
+        return batch
+
+    def place(self, denoiser, ids, mask, key, rule):
+        return denoiser, (ids, mask, key, rule)
+
+    def lower(self, loop_fn, denoiser, inputs):
+        return jax.jit(loop_fn).lower(denoiser, *inputs)
+
+    def fetch(self, out, batch):
+        return LoopOutput(np.asarray(out.x), np.asarray(out.nfe), int(out.passes), int(out.full_passes),
+                          jax.tree.map(np.asarray, out.record))
+
+
+def pad_rows(a, rows: int) -> np.ndarray:
+    """`a` [B, ...] padded to `rows` rows with copies of row 0 (a valid prompt with valid settings)."""
+    a = np.asarray(a)
+    return np.concatenate([a, np.repeat(a[:1], rows - a.shape[0], axis=0)]) if rows > a.shape[0] else a
+
+
+def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,
+        placement: Placement = OneDevice(), trace: bool = False) -> Generation:
+    """Decode a batch of left-padded prompts (ids [B, Lp], mask [B, Lp]) with one compiled loop on `placement`."""
+    ids_b, mask_b, pad = prepare_inputs(ids, mask, cfg, model.config, rng)
+    B, P = ids_b.shape
+    rule = cfg.rule
+    rows = placement.rows(B)
+    rule_rows = jax.tree.map(lambda a: pad_rows(a, rows), rule.with_rows(B))
+    loop = cfg.loop_settings(trace)
+    special = model.special
+    key = rng if cfg.temperature > 0 else None  # greedy decoding draws nothing: no key, one program
+    denoiser, inputs = placement.place(model.denoiser, pad_rows(ids_b, rows), pad_rows(mask_b, rows), key, rule_rows)
+    loop_fn = functools.partial(decode_loop, loop=loop, special=special)
+    program_key: Hashable = (placement, loop, special, signature(denoiser), signature(inputs))
+    compiled, compile_s = compile_once(placement.kind, program_key, lambda: placement.lower(loop_fn, denoiser, inputs),
+                                       shapes=tuple(np.shape(a) for a in jax.tree.leaves(inputs)))
+    t0 = time.perf_counter()
+    out = placement.fetch(compiled(denoiser, *inputs), B)  # waits for the device
+    seconds = time.perf_counter() - t0
+    return Generation(tokens=out.x[:, pad:], nfe=out.nfe, forward_passes=out.passes, full_passes=out.full_passes,
+                      prompt_length=P - pad, seconds=seconds, compile_seconds=compile_s,
+                      trace=loop.recorder.to_host(out.record, out.x, out.nfe, P, rule.clause_names))
+
+
+def generate(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,
+             trace: bool = False) -> Generation:
+    """Decode a batch of left-padded prompts on one device (see `run`; `ll.generate` also takes a mesh).
+
+    `trace=True` also returns `out.trace` (see localleap_jax.trace): per row and pass, the prediction
+    and confidence at every generated position and what committed by which clause. It costs, per row,
+    S x G x (4 + 4 + 1) bytes plus the LM head over the generated region at every pass: at LLaDA-8B's
+    gen_length 256, 0.6 MB per row, and 256 x 126464 fp32 logits (129 MB) per row and pass in flight.
+    With tracing off the program carries none of it."""
+    return run(model, ids, mask, cfg, rng, trace=trace)

@@ -1,0 +1,92 @@
+"""One denoising step, apart from the loop's bookkeeping: hidden states of the block -> LM head -> prediction
+and confidence -> the rule -> commits.
+
+`predict` turns logits into a prediction, its confidence and the scored distribution; `denoise_step` runs
+the rule on them and keeps the rule contract (only candidates commit; a working row commits at least its
+most confident candidate), so no rule has to.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from localleap_jax.denoiser import SpecialIds
+from localleap_jax.rules import Signals, most_confident
+
+
+class Scoring(NamedTuple):
+    """How logits become predictions (compile-time settings of a DecodeConfig)."""
+
+    temperature: float = 0.0  # 0: argmax; > 0: a Gumbel-max sample from softmax(logits / temperature)
+    logits_eos_inf: bool = False  # LLaDA switch: never predict EOS
+    confidence_eos_eot_inf: bool = False  # LLaDA switch: EOS/EOT predictions get confidence 0 (commit last)
+
+
+def predict(logits: Float[Array, "B T V"], scoring: Scoring, ids: SpecialIds, key: jax.Array | None
+            ) -> tuple[Int[Array, "B T"], Float[Array, "B T"], Float[Array, "B T V"]]:
+    """Prediction, its confidence (softmax probability) and the scored logits, all fp32.
+
+    The scored logits are the distribution every confidence-like signal comes from: LLaDA's
+    switches put EOS (and EOT) at -inf there. The mask token and ids the tokenizer cannot decode are
+    never predicted, but keep their (tiny, in a trained model) share of the softmax, as in the
+    published code, which would write them into the canvas."""
+    logits = logits.astype(jnp.float32)
+    if scoring.logits_eos_inf:
+        logits = logits.at[..., ids.eos].set(-jnp.inf)
+    # Never predict the mask token (a committed mask would stay a hole) or an id the tokenizer cannot decode.
+    vocab = jnp.arange(logits.shape[-1])
+    allowed = vocab != ids.mask
+    if ids.vocab_limit is not None and ids.vocab_limit < logits.shape[-1]:
+        allowed &= vocab < ids.vocab_limit
+    choosable = jnp.where(allowed, logits, -jnp.inf)
+    if scoring.temperature > 0 and key is not None:
+        pred = jax.random.categorical(key, choosable / scoring.temperature, axis=-1)  # Gumbel-max
+    else:
+        pred = jnp.argmax(choosable, axis=-1)
+    scored = logits
+    if scoring.confidence_eos_eot_inf:
+        scored = scored.at[..., ids.eos].set(-jnp.inf)
+        if ids.eot is not None:
+            scored = scored.at[..., ids.eot].set(-jnp.inf)
+    picked = jnp.take_along_axis(scored, pred[..., None], axis=-1)[..., 0]
+    # A prediction the switch put at -inf (EOS/EOT, or a row with nothing else finite) has confidence 0, not the
+    # NaN that exp(-inf - -inf) gives: a NaN would rank first in every argmax and commit first instead of last.
+    conf = jnp.where(jnp.isneginf(picked), 0.0, jnp.exp(picked - jax.nn.logsumexp(scored, axis=-1)))
+    return pred.astype(jnp.int32), conf, scored
+
+
+class StepResult(NamedTuple):
+    pred: Int[Array, "B T"]  # the prediction at every position of the block
+    conf: Float[Array, "B T"]  # its confidence
+    code: Int[Array, "B T"]  # int8 commit codes: 0 none, k committed by clause k (the rule's, then the forced top1)
+    tokens: Int[Array, "B T"]  # the block after this step's commits
+    rule_state: Any
+    working: Bool[Array, "B"]  # rows that had a candidate this step
+
+
+def denoise_step(head: Callable[[Array], Array], hidden: Float[Array, "B T D"], tokens: Int[Array, "B T"],
+                 done: Bool[Array, "B"], step_in_block: Int[Array, "B"], rule, rule_state, *, scoring: Scoring,
+                 special: SpecialIds, key: jax.Array | None, gen_length: int, block_length: int) -> StepResult:
+    """One step on each row's current block: `hidden` are the hidden states that predict it, `tokens` what it
+    holds. Rows that are `done` have no candidates."""
+    pred, conf, scored = predict(head(hidden), scoring, special, key)
+    candidates = (tokens == special.mask) & ~done[:, None]
+    working = jnp.any(candidates, axis=1)
+    signals = Signals(logits=scored, pred=pred, conf=conf, candidates=candidates, step=step_in_block,
+                      gen_length=gen_length, block_length=block_length)
+    code, rule_state = rule.update(signals, rule_state)
+    code = keep_contract(code, candidates, conf, forced=len(rule.clause_names) + 1)
+    return StepResult(pred, conf, code, jnp.where(code > 0, pred, tokens), rule_state, working)
+
+
+def keep_contract(code: Array, candidates: Bool[Array, "B T"], conf: Float[Array, "B T"], forced: int
+                  ) -> Int[Array, "B T"]:
+    """A rule's commits as int8 codes, kept to the contract: only candidates commit, and a row where the rule
+    chose none commits its most confident candidate (with code `forced`: a commit only the loop made)."""
+    code = jnp.where(candidates, code.astype(jnp.int8), jnp.int8(0))
+    chose_none = ~jnp.any(code > 0, axis=1, keepdims=True)
+    return jnp.where(chose_none & most_confident(conf, candidates), jnp.int8(forced), code)

@@ -1,0 +1,127 @@
+"""Decoding on a device mesh: a "data" axis that splits the batch and a "model" axis that splits the weights.
+
+    from localleap_jax.partition import make_mesh
+    mesh = make_mesh(data=2, model=4)                      # over jax.devices(), every host's
+    model = ll.load(path, mesh=mesh)                      # parameters restored straight into their shards
+    out = ll.generate(model, ids, mask, cfg, mesh=mesh)   # the same tokens as on one device
+
+Parameters are split as `partition.param_specs` says; XLA's SPMD partitioner inserts the collectives and
+the KV cache follows the heads' split. The batch is split over "data" with `shard_map`, so each data shard
+runs its own decode loop: its "all rows done" test covers only its rows, and a shard never waits for the
+slowest row of another (a plain `jit` over a data-sharded batch would make the test global). Inside a shard
+the "model" axis stays automatic. Rows are padded to a multiple of the data axis with copies of row 0.
+
+On several processes (localleap_jax.dist.multihost) every process runs the same program on the same global
+batch; each holds only its devices' shards, and the results are gathered to every process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from localleap_jax.decode import DecodeConfig, DecodeError, Generation, LoopOutput, run
+from localleap_jax.partition import DATA, MODEL, param_shardings
+
+
+def shard_params(params, mesh: Mesh):
+    """Place a (host or single-device) parameter tree on the mesh, each leaf split as `param_specs` says."""
+    return jax.tree.map(jax.device_put, params, param_shardings(params, mesh))
+
+
+def on_mesh(params, mesh: Mesh) -> bool:
+    leaves = jax.tree.leaves(params)
+    return all(isinstance(a, jax.Array) and isinstance(a.sharding, NamedSharding) and a.sharding.mesh == mesh
+               for a in leaves)
+
+
+def addressable_bytes(params) -> dict[Any, int]:
+    """Parameter bytes held by each local device (from the arrays' addressable shards)."""
+    out: dict[Any, int] = {}
+    for leaf in jax.tree.leaves(params):
+        for shard in leaf.addressable_shards:
+            out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
+    return out
+
+
+def _global(a: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    """A global array from the full host copy every process holds (each process supplies its own shards)."""
+    return jax.make_array_from_callback(a.shape, sharding, lambda index: a[index])
+
+
+def _to_host(a: jax.Array) -> np.ndarray:
+    if a.is_fully_addressable:
+        return np.asarray(a)
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(a, tiled=True))
+
+
+_SHARDED_PARAMS: dict = {}  # (id(params), mesh) -> (params, params placed on the mesh); one model at a time
+
+
+def _params_on(params, mesh: Mesh):
+    if on_mesh(params, mesh):
+        return params
+    key = (id(params), mesh)
+    hit = _SHARDED_PARAMS.get(key)
+    if hit is None or hit[0] is not params:
+        _SHARDED_PARAMS.clear()
+        hit = _SHARDED_PARAMS[key] = (params, shard_params(params, mesh))
+    return hit[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataModelMesh:
+    """Rows split over the mesh's "data" axis, one decode loop per data shard; weights split over "model"."""
+
+    mesh: Mesh
+    kind = "decode/mesh"
+
+    def __post_init__(self):
+        if tuple(self.mesh.axis_names) != (DATA, MODEL):
+            raise DecodeError("generating on a mesh needs the axes ('data', 'model'): "
+                              "localleap_jax.partition.make_mesh(data=..., model=...)")
+
+    def rows(self, batch):
+        D = self.mesh.shape[DATA]
+        return -(-batch // D) * D
+
+    def place(self, denoiser, ids, mask, key, rule):
+        denoiser = denoiser.replace(params=_params_on(denoiser.params, self.mesh))
+        batch = NamedSharding(self.mesh, P(DATA))
+        keys = None if key is None else np.asarray(jax.random.key_data(jax.random.split(key, self.mesh.shape[DATA])))
+        put = lambda a: _global(np.asarray(a), batch)  # noqa: E731
+        return denoiser, (put(ids), put(mask), None if keys is None else put(keys), jax.tree.map(put, rule))
+
+    def lower(self, loop_fn, denoiser, inputs):
+        def per_shard(den, shard_ids, shard_mask, shard_keys, shard_rule):
+            key = None if shard_keys is None else jax.random.wrap_key_data(shard_keys[0])  # one stream per shard
+            out = loop_fn(den, shard_ids, shard_mask, key, shard_rule)
+            return out._replace(passes=out.passes[None], full_passes=out.full_passes[None])  # one per shard
+
+        rows = P(DATA)
+        sharded = jax.shard_map(per_shard, mesh=self.mesh,
+                                in_specs=(P(), rows, rows, rows if inputs[2] is not None else None, rows),
+                                out_specs=rows, axis_names={DATA}, check_vma=False)
+        return jax.jit(sharded).lower(denoiser, *inputs)
+
+    def fetch(self, out, batch):
+        rows = lambda a: _to_host(a)[:batch]  # noqa: E731
+        return LoopOutput(rows(out.x), rows(out.nfe), int(np.max(_to_host(out.passes))),
+                          int(np.max(_to_host(out.full_passes))), jax.tree.map(rows, out.record))
+
+
+def generate_sharded(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), mesh: Mesh | None = None, *,
+                     rng: jax.Array | None = None, trace: bool = False) -> Generation:
+    """`generate` on a (data, model) mesh: one decode loop per data shard, weights split over "model"."""
+    if mesh is None:
+        raise DecodeError("generate_sharded needs a mesh with axes ('data', 'model'): "
+                          "localleap_jax.partition.make_mesh(data=..., model=...)")
+    return run(model, ids, mask, cfg, rng, placement=DataModelMesh(mesh), trace=trace)
+
+
+__all__ = ["DataModelMesh", "addressable_bytes", "generate_sharded", "on_mesh", "shard_params"]

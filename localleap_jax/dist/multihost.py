@@ -1,0 +1,277 @@
+"""Several processes, one run: process 0 leads, every other process follows.
+
+Every process runs the same command. `processes.initialize` joins them (jax.distributed, before anything
+touches a JAX backend). Process 0, the leader, does all the work that is not generation: it reads
+the data, runs lm-eval, writes every file. The followers run no lm-eval and write nothing: they
+wait for the leader's messages and carry out each one, so that every collective program (the
+checkpoint restore, each sharded `generate`) runs on every process at once, on the same inputs:
+
+    leader (process 0)                        follower (process i > 0)
+    leader().load(path, dtype, mesh)    ->    load(path, dtype, mesh=mesh)
+    leader().generate(model, ids, ...)  ->    generate(model, ids, ..., mesh=mesh)   (output dropped)
+    leader().stop(status)               ->    follow() returns status
+
+Messages and their transport are in `localleap_jax.dist.messages`.
+
+A leader sends the message and runs its own call with SIGINT/SIGTERM held back (`signals_deferred`):
+a Ctrl-C between the two would leave the followers inside a program the leader never joins.
+Whatever ends the leader's run (its end, an error, Ctrl-C) sends "stop"; callers do that with
+`leading()`. A process that dies is noticed by the others' next collective (the connection
+closes) or, for a host that vanishes, by JAX's heartbeat (100 s); the survivor says so in one line
+and exits (status 2) without waiting for JAX's shutdown barrier, which would wait for the dead.
+When process 0 itself dies, JAX's own runtime in each follower may get there first and end the
+process with its message "Terminating process because the JAX distributed service detected fatal
+errors" (JAX offers no hook to replace it): either way, no follower waits forever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from localleap_jax import checkpoint
+from localleap_jax.checkpoint import CheckpointError
+from localleap_jax.decode import DecodeConfig, DecodeError, prepare_inputs
+from localleap_jax.decode import generate as generate_on_one_device
+from localleap_jax.dist.mesh import generate_sharded
+from localleap_jax.dist.messages import BroadcastTransport, Message, Transport, receive, send
+from localleap_jax.errors import first_line
+from localleap_jax.partition import make_mesh, mesh_from_text
+from localleap_jax.processes import (LostProcessError, all_succeed, exit_lost, is_follower, is_multiprocess,
+                                     process_index, signals_deferred)
+
+
+def load(path, dtype="bfloat16", verify: bool = True, mesh=None) -> checkpoint.Model:
+    """`checkpoint.load` with every step agreed by every process: if any process cannot load (a missing or
+    damaged file on one host), every process raises CheckpointError, so none is left waiting for the others.
+    The checkpoint must be at `path` on every host. One process: just the load."""
+    return checkpoint.load(path, dtype, verify, mesh, agree=lambda step, what: all_succeed(step, CheckpointError, what))
+
+
+def generate(model, ids, mask=None, cfg=None, rng=None, *, mesh=None, trace: bool = False):
+    """This process's part of a generation: on the mesh (every process at once), or on one device."""
+    cfg = DecodeConfig() if cfg is None else cfg
+    if mesh is None:
+        return generate_on_one_device(model, ids, mask, cfg, rng, trace=trace)
+    return generate_sharded(model, ids, mask, cfg, mesh, rng=rng, trace=trace)
+
+
+def mesh_for_run(text: str | None):
+    """The mesh a run generates on: `text` (data=D,model=M) over every device of every process; model=1
+    for several processes given none; None for a lone process given none (the pmap path). A mistake in
+    `text` is a DecodeError."""
+    if text is None:
+        if not is_multiprocess():
+            return None
+        text = "model=1"
+    return mesh_from_text(text)
+
+
+# ---------------------------------------------------------------- the leader
+
+
+class Leader:
+    """Process 0's side of the run: each call is sent to the followers, then made here.
+
+    With no transport (one process) the calls are made here only."""
+
+    def __init__(self, transport: Transport | None = None):
+        self.transport = transport
+        self.stopped = False
+
+    @property
+    def has_followers(self) -> bool:
+        return self.transport is not None
+
+    def load(self, path, dtype="bfloat16", mesh=None, verify: bool = True):
+        """`load` on every process (the checkpoint must be at `path` on each host)."""
+        path = Path(path).expanduser().resolve()
+        meta = {"path": str(path), "dtype": checkpoint.parameter_dtype(dtype).name, "verify": bool(verify),
+                "mesh": None if mesh is None else mesh_shape(mesh)}
+        with signals_deferred():
+            self._send(Message("load", meta))
+            return self._collective(lambda: load(path, dtype=dtype, verify=verify, mesh=mesh))
+
+    def generate(self, model, ids, mask=None, cfg=None, rng=None, *, mesh=None, trace: bool = False):
+        """`generate(..., mesh=mesh)` on every process, on the same inputs (the followers drop their copy of
+        the output). Inputs are checked here first, so a mistake never reaches them."""
+        cfg = DecodeConfig() if cfg is None else cfg
+        if not self.has_followers:
+            return generate(model, ids, mask, cfg, rng, trace=trace, mesh=mesh)
+        if mesh is None:
+            raise DecodeError("a multi-process run generates on a mesh: pass mesh=make_mesh(...)")
+        ids = np.asarray(ids)
+        mask = np.ones(ids.shape, bool) if mask is None else np.asarray(mask)
+        prepare_inputs(ids, mask, cfg, model.config, rng)  # raises what generate would, before anything is sent
+        meta = {"config": cfg.to_json(), "trace": bool(trace), "key_impl": None, "mesh": mesh_shape(mesh)}
+        key = None
+        if rng is not None:
+            import jax
+            meta["key_impl"] = str(jax.random.key_impl(rng))
+            key = np.asarray(jax.random.key_data(rng))
+        with signals_deferred():
+            self._send(Message("generate", meta, ids=ids, mask=mask, key=key))
+            return self._collective(lambda: generate(model, ids, mask, cfg, rng, trace=trace, mesh=mesh))
+
+    def stop(self, status: int = 0) -> None:
+        """Release the followers (once; later calls do nothing). `status` becomes their exit status."""
+        if self.stopped or not self.has_followers:
+            return
+        self.stopped = True
+        with signals_deferred():
+            send(self.transport, Message("stop", status=int(status)))
+
+    def _send(self, msg: Message) -> None:
+        if not self.has_followers:
+            return
+        if self.stopped:
+            raise LostProcessError("the followers were already released (stop was sent)")
+        send(self.transport, msg)
+
+    def _collective(self, call: Callable[[], Any]):
+        if not self.has_followers:
+            return call()
+        import jax
+        try:
+            return call()
+        except jax.errors.JaxRuntimeError as e:
+            raise LostProcessError(f"a collective step failed; another process has probably died "
+                                   f"({first_line(e)})") from None
+
+
+def mesh_shape(mesh) -> list[int]:
+    """[data, model] of a mesh, which the followers rebuild with make_mesh: so it must be make_mesh's."""
+    shape = [int(mesh.shape["data"]), int(mesh.shape["model"])]
+    if mesh != make_mesh(*shape):
+        raise DecodeError(f"a multi-process run needs the mesh make_mesh(data={shape[0]}, model={shape[1]}) builds "
+                          "(the other processes rebuild it that way); this one orders its devices otherwise")
+    return shape
+
+
+_LEADER: Leader | None = None
+
+
+def leader() -> Leader:
+    """This process's Leader (process 0 of a multi-process run, or the only process)."""
+    global _LEADER
+    if _LEADER is None:
+        if is_follower():
+            raise LostProcessError(f"process {process_index()} is a follower; only process 0 leads the run")
+        _LEADER = Leader(BroadcastTransport() if is_multiprocess() else None)
+    return _LEADER
+
+
+@contextmanager
+def leading() -> Iterator[Leader]:
+    """The leader, for a block that releases the followers however it ends: `lead.stop(status)`
+    inside the block sets their exit status; otherwise they get 0 when the block ends normally, 130
+    after Ctrl-C and 2 after an error. After a lost process nobody is left to release."""
+    lead = leader()
+    status = 0
+    try:
+        yield lead
+    except KeyboardInterrupt:
+        status = 130
+        raise
+    except LostProcessError:
+        lead.stopped = True  # the transport is broken: sending would fail or hang
+        raise
+    except BaseException:
+        status = 2
+        raise
+    finally:
+        try:
+            lead.stop(status)
+        except LostProcessError:
+            pass  # a follower is gone: nothing left to release
+
+
+# ---------------------------------------------------------------- the followers
+
+
+@dataclasses.dataclass
+class Follower:
+    """A follower's state between messages: the model it loaded and the mesh it lives on."""
+
+    model: Any = None
+    mesh: Any = None
+
+    def handle(self, msg: Message):
+        """Carry out one message; returns what the call returned (the Generation of a generate message)."""
+        if msg.kind == "load":
+            return self.load(msg.meta)
+        if msg.kind == "generate":
+            return self.generate(msg)
+        return None
+
+    def load(self, meta: dict) -> None:
+        self.model = None
+        self.mesh = None if meta["mesh"] is None else make_mesh(*meta["mesh"])
+        try:
+            self.model = load(meta["path"], dtype=meta["dtype"], verify=meta["verify"], mesh=self.mesh)
+        except CheckpointError as e:  # every process raised (checkpoint.load agrees): the leader sends stop
+            print(f"error: process {process_index()}: {e}", file=sys.stderr, flush=True)
+
+    def generate(self, msg: Message):
+        if self.model is None:
+            raise LostProcessError("process 0 asked for a generation before any model was loaded here")
+        if self.mesh is None or list(msg.meta["mesh"]) != mesh_shape(self.mesh):
+            raise LostProcessError(f"process 0 generates on mesh {msg.meta['mesh']}, this process loaded the model "
+                                   f"on {None if self.mesh is None else dict(self.mesh.shape)}")
+        rng = None
+        if msg.key is not None:
+            import jax
+            rng = jax.random.wrap_key_data(msg.key, impl=msg.meta["key_impl"])
+        return generate(self.model, msg.ids, msg.mask, DecodeConfig.from_json(msg.meta["config"]), rng,
+                        trace=msg.meta["trace"], mesh=self.mesh)
+
+
+def follow(transport: Transport | None = None, follower: Follower | None = None) -> int:
+    """A follower's whole run: carry out the leader's messages until "stop"; returns the leader's status.
+
+    Raises LostProcessError when the leader is gone (see `exit_lost`)."""
+    transport = transport or BroadcastTransport()
+    follower = follower or Follower()
+    while True:
+        msg = receive(transport)
+        if msg.kind == "stop":
+            return msg.status
+        follower.handle(msg)
+
+
+def follow_until_stopped(what: str = "run") -> int:
+    """A command line's follower: `follow()`, with Ctrl-C held for the leader (the first one only
+    says so; a second one quits) and a lost leader ended in one line. Returns the exit status."""
+    def second_interrupt(signum, frame):
+        print(f"interrupted: process {process_index()} left the {what}", file=sys.stderr, flush=True)
+        os._exit(130)
+
+    def first_interrupt(signum, frame):
+        print(f"note: process {process_index()} follows process 0, which ends the {what}; Ctrl-C again to "
+              "quit now", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, second_interrupt)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, first_interrupt)
+    try:
+        status = follow()
+    except LostProcessError as e:
+        exit_lost(f"process {process_index()}: {e}")
+    except Exception as e:  # noqa: BLE001  (this process cannot go on: its end tells process 0)
+        exit_lost(f"process {process_index()}: {type(e).__name__}: {first_line(e)}")
+    if status:
+        print(f"stopped: process 0 ended the {what} with exit status {status} (its output says why)",
+              file=sys.stderr, flush=True)
+    return status
+
+
+__all__ = ["Follower", "Leader", "follow", "follow_until_stopped", "generate", "leader", "leading", "load",
+           "mesh_for_run", "mesh_shape"]

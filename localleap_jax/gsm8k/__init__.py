@@ -1,0 +1,35 @@
+"""GSM8K with lm-eval-harness's protocol: what experiments/eval_gsm8k.py and experiments/sweep.py share.
+
+A run: the checkpoint found and its length checked (`loading`), the settings with the model's defaults
+(`settings`), the data planned and checked (`data`), all before the output directory is claimed (`outdir`);
+then the model loaded, the lm-eval task written, and each strategy through one resumable lm-eval pass
+(`run`), its rows joined with our NFE and timing stats. Every mistake a user can fix is a `UserError`,
+which the command lines print in one line (`command_line`); its messages name their shared flags.
+
+  errors        UserError
+  settings      EvalSettings (canvas, rules' shared settings, prompts, batching, devices), DEFAULTS
+  loading       find_checkpoint, check_gen_length, load_model
+  data          read_gsm8k_jsonl, DataPlan, plan_data, local_task, Task, write_task
+  outdir        check_output, OutputDir (OUT/.lock), holding, write_atomically
+  progress      RunningAccuracy (the progress bar's), Progress (what a run that ends now keeps)
+  run           resume_key, evaluate_once, run_strategy, collect, summarize, config_record
+  command_line  OneLineParser and the flags' types, termination_as_interrupt, exit_status
+"""
+
+from localleap_jax.gsm8k.command_line import (EXIT_ERROR, EXIT_INTERRUPTED, OneLineParser, count, exit_status,
+                                              positive, probability, seed, termination_as_interrupt, whole_number)
+from localleap_jax.gsm8k.data import DataPlan, Task, local_task, plan_data, read_gsm8k_jsonl, write_task
+from localleap_jax.gsm8k.errors import UserError
+from localleap_jax.gsm8k.loading import check_gen_length, find_checkpoint, load_model
+from localleap_jax.gsm8k.outdir import OutputDir, check_output, holding, write_atomically
+from localleap_jax.gsm8k.progress import Progress, RunningAccuracy
+from localleap_jax.gsm8k.run import (collect, config_record, evaluate_once, forget_answers, resume_key,
+                                     run_strategy, summarize, task_manager)
+from localleap_jax.gsm8k.settings import DEFAULTS, EvalSettings, model_defaults
+
+__all__ = ["DEFAULTS", "DataPlan", "EXIT_ERROR", "EXIT_INTERRUPTED", "EvalSettings", "OneLineParser", "OutputDir",
+           "Progress", "RunningAccuracy", "Task", "UserError", "check_gen_length", "check_output", "collect",
+           "config_record", "count", "evaluate_once", "exit_status", "find_checkpoint", "forget_answers", "holding",
+           "load_model", "local_task", "model_defaults", "plan_data", "positive", "probability", "read_gsm8k_jsonl",
+           "resume_key", "run_strategy", "seed", "summarize", "task_manager", "termination_as_interrupt",
+           "whole_number", "write_atomically", "write_task"]

@@ -1,0 +1,118 @@
+"""The output directory: checked before anything is created, held by one run at a time, removed when a run
+produced nothing, and its result files replaced whole."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from localleap_jax.gsm8k.errors import UserError
+from localleap_jax.gsm8k.progress import Progress
+
+
+def check_output(out: Path) -> None:
+    """Refuse an --output that cannot be a directory, before anything is loaded or created."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output {out} is a file, not a directory")
+    parent = next(p for p in (out, *out.parents) if p.exists())
+    if not parent.is_dir():
+        raise UserError(f"--output {out}: {parent} is a file, not a directory")
+
+
+class OutputDir:
+    """The --output directory, held by one run at a time through OUT/.lock (the holder's pid and host).
+
+    The lock is a kernel lock (flock) on that file, so it ends with its process however that process
+    ends; the file only names the holder. A lock file left by a run that died is taken over with a note."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lock = path / ".lock"
+        self.created: Path | None = None  # the topmost directory this run created, removed by discard()
+        self._fd: int | None = None
+
+    def claim(self) -> str | None:
+        """Create and lock the directory; returns a note when a dead run's lock was taken over."""
+        self.created = next((p for p in (*reversed(self.path.parents), self.path) if not p.exists()), None)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            while True:
+                fd = os.open(self.lock, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = self._holder(fd)
+                    os.close(fd)
+                    raise UserError(f"--output {self.path} is in use by another eval ({holder}); wait for it to "
+                                    "finish or choose another --output") from None
+                if self.lock.exists() and os.stat(self.lock).st_ino == os.fstat(fd).st_ino:
+                    break
+                os.close(fd)  # the holder removed the file between our open and flock: lock the new one
+        except OSError as e:
+            self.discard()
+            raise UserError(f"--output {self.path}: cannot write there ({e.strerror})") from None
+        self._fd = fd
+        previous = self._holder(fd) if os.fstat(fd).st_size else None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode(), 0)
+        if previous:
+            return f"took over {self.lock}, left by a run that ended without releasing it ({previous})"
+        return None
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            self.lock.unlink()  # while still locked, so nobody locks the old file in between
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)
+        self._fd = None
+
+    def discard(self) -> None:
+        """Remove what this run created (used when it ends before producing anything)."""
+        if self.created is not None and self.created.exists():
+            shutil.rmtree(self.created, ignore_errors=True)
+
+    @staticmethod
+    def _holder(fd: int) -> str:
+        try:
+            info = json.loads(os.pread(fd, 4096, 0))
+            return f"pid {info['pid']} on {info['host']} since {info['since']}"
+        except (ValueError, KeyError, TypeError, OSError):
+            return "holder unknown"
+
+
+@contextmanager
+def holding(out: Path, progress: Progress):
+    """Hold OUT for this run (a second run into it is refused); on the way out let go of it, and remove it
+    if the run produced nothing (an error or Ctrl-C before the first answer leaves nothing behind)."""
+    claim = OutputDir(out)
+    note = claim.claim()
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    progress.out = out
+    finished = False
+    try:
+        yield
+        finished = True
+    finally:
+        claim.release()
+        if not finished and progress.answers == 0:
+            claim.discard()
+            progress.discarded = claim.created is not None
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace `path` whole: an interrupted write never leaves a torn file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)

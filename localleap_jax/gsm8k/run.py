@@ -1,0 +1,148 @@
+"""The lm-eval pass of one strategy: lm-eval's gsm8k task, filters and metric around LocalLeapLM, resumable
+from a response cache named by everything the answers depend on; then its rows joined with our NFE and
+timing stats, and their summary."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import jax
+
+from localleap_jax import processes
+from localleap_jax.gsm8k.data import DataPlan, Task
+from localleap_jax.gsm8k.errors import UserError
+from localleap_jax.gsm8k.progress import Progress, RunningAccuracy
+from localleap_jax.gsm8k.settings import EvalSettings
+from localleap_jax.lm_eval import USER_ERRORS, LocalLeapLM, PromptTooLongError, answers_key, key_digest, prompt_key
+
+
+def resume_key(model, cfg, settings: EvalSettings, data_id: str) -> dict:
+    """What a strategy's answers depend on (see lm_eval.answers_key); its digest names the cache."""
+    return answers_key(model, cfg, chat=True, seed=settings.seed, truncate_fewshot=settings.truncate_fewshot,
+                       batch={"batch_size": settings.batch_size, "limit": settings.limit,
+                              "devices": jax.local_device_count(), "mesh": settings.mesh_shape},
+                       task={"data": data_id, "num_fewshot": settings.num_fewshot})
+
+
+def task_manager(include: Path | None):
+    """lm-eval's task index. A local task includes the stock gsm8k.yaml by path, so the index needs only
+    its own directory: indexing every stock task costs half a minute per strategy."""
+    from lm_eval.tasks import TaskManager
+
+    if include is None:
+        return TaskManager()
+    return TaskManager(include_path=str(include), include_defaults=False)
+
+
+def evaluate_once(model, cfg, key: dict, cache: Path, settings: EvalSettings, task: Task, progress: Progress):
+    """One lm-eval pass of `cfg` over the task, resuming from the response cache `cache` (claimed with `key`);
+    returns (its LocalLeapLM, lm-eval's samples)."""
+    import lm_eval
+
+    lm = LocalLeapLM(model=model, mesh=settings.mesh, answers_key=key, batch_size=settings.batch_size,
+                     stats_path=f"{cache}.stats.jsonl",
+                     compile_cache=settings.compile_cache, seed=settings.seed, on_batch=RunningAccuracy(),
+                     truncate_fewshot=settings.truncate_fewshot,
+                     **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
+    progress.models.append(lm)
+    try:
+        res = lm_eval.simple_evaluate(model=lm, tasks=[task.name], task_manager=task_manager(task.include),
+                                      num_fewshot=settings.num_fewshot, limit=settings.limit, use_cache=str(cache),
+                                      log_samples=True, bootstrap_iters=0, random_seed=settings.seed)
+    except PromptTooLongError as e:
+        fix = ("even with every few-shot example dropped; lower --gen-length" if e.truncating else
+               "pass --truncate-fewshot to drop few-shot examples, or lower --num-fewshot or --gen-length")
+        raise UserError(f"{e.summary}; {fix}") from None
+    except USER_ERRORS as e:
+        raise UserError(str(e)) from None
+    except (ConnectionError, OSError, FileNotFoundError) as e:
+        if task.include is None:
+            raise UserError(f"could not load GSM8K from the Hugging Face hub ({type(e).__name__}); offline, pass "
+                            f"--data FILE.jsonl (e.g. ../shared/data/gsm8k/test.jsonl)") from None
+        raise
+    return lm, res["samples"][task.name]
+
+
+def forget_answers(lm, samples: list[dict]) -> None:
+    """Delete these samples' answers from the response cache, so the next pass generates them again."""
+    from lm_eval.api.model import hash_args
+
+    db = lm.cache_hook.dbdict
+    for s in samples:
+        db.pop(hash_args("generate_until", s["arguments"][0]), None)
+    db.commit()
+
+
+def run_strategy(model, strategy: str, settings: EvalSettings, task: Task, out: Path, progress: Progress):
+    """lm-eval on one strategy; returns (LocalLeapLM of the last pass, samples, batches generated)."""
+    cfg = settings.decode_config(strategy)
+    key = resume_key(model, cfg, settings, task.data_id)
+    cache = out / "cache" / f"{re.sub(r'[^A-Za-z0-9_.=-]+', '_', strategy)}-{key_digest(key)[:12]}"
+    batches = 0
+    for _ in range(2):
+        lm, samples = evaluate_once(model, cfg, key, cache, settings, task, progress)
+        batches += lm.model_calls
+        # An answer whose stats were lost (a torn stats log) is generated again, once: every row
+        # reported has its NFE and time.
+        unmeasured = [s for s in samples if prompt_key(s["arguments"][0][0]) not in lm.stats]
+        if not unmeasured:
+            return lm, samples, batches
+        forget_answers(lm, unmeasured)
+    raise AssertionError(f"{len(unmeasured)} answers still have no stats after generating them again")
+
+
+def collect(strategy: str, lm, samples: list[dict]) -> list[dict]:
+    """One row per problem: lm-eval's filtered answers and scores, joined with our NFE/timing stats."""
+    by_doc: dict[int, dict] = {}
+    for s in samples:
+        context, generated = s["arguments"][0][0], s["resps"][0][0]
+        if not isinstance(generated, str):  # never report a missing answer as a wrong one
+            raise AssertionError(f"lm-eval returned no answer for problem {s['doc_id']} ({generated!r})")
+        row = by_doc.setdefault(s["doc_id"], {
+            "id": s["doc"].get("id", s["doc_id"]), "strategy": strategy,
+            "question": s["doc"]["question"], "generated": generated,
+            "gold": str(s["doc"]["answer"]).split("####")[-1].strip(), "_key": prompt_key(context)})
+        tag = "strict" if s["filter"] == "strict-match" else "flexible"
+        row[f"filtered_{tag}"] = s["filtered_resps"][0]
+        row[f"correct_{tag}"] = bool(s["exact_match"])
+    rows = []
+    for doc_id in sorted(by_doc):
+        row = by_doc[doc_id]
+        st = lm.stats[row.pop("_key")]
+        row.update(prompt_tokens=st.get("prompt_tokens"), fewshot_dropped=st.get("fewshot_dropped", 0),
+                   nfe=st.get("nfe"), seconds=st.get("seconds"), generated_tokens=st.get("generated_tokens"),
+                   compile_seconds=st.get("compile_seconds", 0.0))
+        rows.append(row)
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    n = len(rows)
+    seconds = sum(r["seconds"] for r in rows)
+    return {
+        "n": n,
+        "accuracy_strict": sum(r["correct_strict"] for r in rows) / n,
+        "accuracy_flexible": sum(r["correct_flexible"] for r in rows) / n,
+        "mean_nfe": sum(r["nfe"] for r in rows) / n,
+        "tokens_per_second": sum(r["generated_tokens"] for r in rows) / max(seconds, 1e-9),
+        "seconds_per_sample": seconds / n,
+        "compile_seconds": sum(r["compile_seconds"] or 0.0 for r in rows),
+        "truncated": sum(r["fewshot_dropped"] > 0 for r in rows),  # prompts that lost few-shot examples
+    }
+
+
+def config_record(settings: EvalSettings, cache: str, path: Path, model, plan: DataPlan, task: Task) -> dict:
+    """The run's settings as its summary records them (`cache`: the --cache flag as given)."""
+    return {"checkpoint": str(path), "dtype": str(model.dtype), "data": plan.description, "task": task.name,
+            "num_fewshot": settings.num_fewshot,
+            "truncate_fewshot": settings.truncate_fewshot, "gen_length": settings.gen_length,
+            "block_length": settings.block_length, "steps": settings.steps, "kappa": settings.kappa,
+            "tau": settings.tau, "radius": settings.radius, "cache": cache, "early_stop": settings.early_stop,
+            "limit": settings.limit, "batch_size": settings.batch_size, "seed": settings.seed,
+            "mesh": settings.mesh_shape, "processes": _process_count()}
+
+
+def _process_count() -> int:
+    return processes.process_count() if processes.is_multiprocess() else 1

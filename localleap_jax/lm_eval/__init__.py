@@ -1,0 +1,39 @@
+"""lm-eval-harness model `localleap`: lm-eval owns tasks, prompts, filters and metrics; this only generates.
+
+    python -m localleap_jax.lm_eval --model localleap \\
+        --model_args checkpoint=DIR,strategy=localleap,gen_length=256,block_length=32 --tasks gsm8k
+
+(`python -m localleap_jax.lm_eval`, or its earlier name `python -m localleap_jax.lm_eval_adapter`, is the
+`lm_eval` command with this model registered; it takes exactly lm_eval's arguments, and ends a mistake
+with one `error: ...` line.)
+
+What each part does (LocalLeapLM's `generate_until`, prompt fitting and `truncate_fewshot`, the
+stats log, the answers' identity that claims a response cache) is said in its module:
+
+  args      model arguments: ADAPTER_ARGS, their parsers, parse_model_args, ModelArgsError
+  identity  what the answers depend on (answers_key, fingerprints) and the response cache's claim
+  prompts   prompt fitting (few-shot spans, truncation, PromptTooLongError) and cutting at `until`
+  stats     the per-request stats log
+  devices   joining the processes, the mesh to generate on, a follower's evaluation
+  model     LocalLeapLM, registered with lm-eval as "localleap"
+  cli       the command line (main), its preflight checks and USER_ERRORS
+"""
+
+from localleap_jax.lm_eval.args import (ADAPTER_ARGS, PYTHON_ONLY_ARGS, ModelArgsError, check_gen_length,
+                                        default_dtype, parse_model_args, refuse_python_only)
+from localleap_jax.lm_eval.cli import USER_ERRORS, check_checkpoint, generation_tasks_only, main, preflight
+from localleap_jax.lm_eval.devices import follow, join_and_mesh, processes_of
+from localleap_jax.lm_eval.identity import (CACHE_OWNER, ENCODING_FILES, CacheMismatchError, answers_key,
+                                            claim_cache, decode_settings, forget_missing_answers, key_digest,
+                                            rows_interact, tokenizer_fingerprint, weights_fingerprint)
+from localleap_jax.lm_eval.model import GenerationOnlyError, LocalLeapLM, generation_only_message
+from localleap_jax.lm_eval.prompts import Prompt, PromptTooLongError, cut_at_until, fewshot_spans, fit, fit_all
+from localleap_jax.lm_eval.stats import append_stats, check_writable, open_stats, prompt_key, read_stats
+
+__all__ = ["ADAPTER_ARGS", "CACHE_OWNER", "CacheMismatchError", "ENCODING_FILES", "GenerationOnlyError",
+           "LocalLeapLM", "ModelArgsError", "PYTHON_ONLY_ARGS", "Prompt", "PromptTooLongError", "USER_ERRORS",
+           "answers_key", "append_stats", "check_checkpoint", "check_gen_length", "check_writable", "claim_cache",
+           "cut_at_until", "decode_settings", "default_dtype", "fewshot_spans", "fit", "fit_all", "follow",
+           "forget_missing_answers", "generation_only_message", "generation_tasks_only", "join_and_mesh",
+           "key_digest", "main", "open_stats", "parse_model_args", "preflight", "processes_of", "prompt_key",
+           "read_stats", "refuse_python_only", "rows_interact", "tokenizer_fingerprint", "weights_fingerprint"]

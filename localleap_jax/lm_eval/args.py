@@ -1,0 +1,211 @@
+"""Model arguments: what `--model_args` (or LocalLeapLM's keywords) may hold, each value parsed and checked,
+every DecodeConfig field included. Nothing here loads anything, so a command line checks them first."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from localleap_jax.decode import DecodeConfig, DecodeError, check_room
+from localleap_jax.partition import parse_mesh
+from localleap_jax.rules import RULES
+from localleap_jax.rules.base import make_spec, settings_of
+from localleap_jax.rules.registry import parse_spec, parse_value
+
+
+class ModelArgsError(ValueError):
+    """Model arguments (`--model_args` or LocalLeapLM keywords) that name no setting or hold a bad value."""
+
+
+def default_dtype() -> str:
+    """What dtype "auto" means here: fp32 on CPU, bf16 on an accelerator."""
+    return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+
+# Each parser takes the value as given (a Python value, or what lm-eval made of a --model_args string)
+# and returns the value to use, or raises ValueError saying what is expected.
+
+
+def _as_bool(value) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.strip().lower() in ("true", "1", "yes")
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _as_int(value, low: int | None = None, high: int | None = None) -> int:
+    # lm-eval reads some integers ("-1") as floats: a float holding a whole number is that integer.
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer, str)):
+        raise ValueError(f"expected an integer, got {value!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"expected an integer, got {value!r}") from None
+    if (low is not None and number < low) or (high is not None and number > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"expected an integer {bounds}, got {number}")
+    return number
+
+
+def _as_float(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating, str)):
+        raise ValueError(f"expected a number, got {value!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return number
+
+
+def _as_str(value) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value
+
+
+def _as_optional(parse: Callable) -> Callable:
+    return lambda value: None if value is None else parse(value)
+
+
+def _as_batch_size(value) -> int:
+    # lm-eval's "auto"/"auto:N" searches for the largest batch that fits; a fixed default serves here.
+    if value is None or (isinstance(value, str) and value.strip().lower().split(":")[0] == "auto"):
+        return 8
+    return _as_int(value, low=1)
+
+
+def _as_dtype(value) -> str:
+    if value not in ("auto", "bfloat16", "float16", "float32"):
+        raise ValueError(f"expected auto, bfloat16, float16 or float32, got {value!r}")
+    return value
+
+
+def _ignored(value):
+    return value
+
+
+def _as_mesh(value):
+    """'data=2;model=4' (';' between the axes: lm-eval splits model_args at commas) or a Mesh object."""
+    if value is None or isinstance(value, Mesh):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"expected data=D;model=M, got {value!r}")
+    try:
+        parse_mesh(value)
+    except DecodeError as e:
+        raise ValueError(str(e)) from None
+    return value
+
+
+# The adapter's own settings (every DecodeConfig field is a setting too): name -> (parse, default).
+ADAPTER_ARGS: dict[str, tuple[Callable, Any]] = {
+    "checkpoint": (_as_optional(_as_str), None),
+    "batch_size": (_as_batch_size, 8),
+    "dtype": (_as_dtype, "auto"),
+    "chat": (_as_bool, True),
+    "compile_cache": (_as_bool, True),
+    "stats_path": (_as_optional(_as_str), None),
+    "seed": (functools.partial(_as_int, low=0, high=2**32 - 1), 0),
+    "progress": (_as_bool, True),
+    "truncate_fewshot": (_as_bool, False),
+    "fewshot_delimiter": (_as_str, "\n\n"),  # lm-eval's default separator between few-shot examples
+    # Devices and processes: every process runs the same command; process 0 runs lm-eval, the others follow.
+    "mesh": (_as_mesh, None),
+    "coordinator": (_as_optional(_as_str), None),
+    "num_processes": (_as_optional(functools.partial(_as_int, low=1)), None),
+    "process_id": (_as_optional(functools.partial(_as_int, low=0)), None),
+    "max_batch_size": (_ignored, None),  # lm-eval passes these to every model; nothing here uses them
+    "device": (_ignored, None),
+}
+# Python objects, for callers that build the LM themselves; never from a command line.
+PYTHON_ONLY_ARGS = ("model", "on_batch", "answers_key")
+
+_DECODE_PARSERS = {"int": functools.partial(_as_int, low=None), "float": _as_float, "bool": _as_bool, "str": _as_str,
+                   "int | None": _as_optional(_as_int), "float | None": _as_optional(_as_float)}
+
+
+def _rule_settings(strategy) -> set[str]:
+    """The settings the named rule takes (so `tau_kl=0.05` may follow `strategy=klass` in model_args:
+    lm-eval splits model_args at commas, so a spec's second setting arrives as a key of its own)."""
+    if not isinstance(strategy, str):
+        return set()
+    cls = RULES.get(parse_spec(strategy)[0]) if ":" in strategy or strategy in RULES else None
+    return set(settings_of(cls())) if dataclasses.is_dataclass(cls) else set()
+
+
+def _decode_parser(field: dataclasses.Field) -> Callable:
+    # Field annotations are strings (postponed annotations); an unfamiliar one passes the value through
+    # and DecodeConfig judges it.
+    return _DECODE_PARSERS.get(str(field.type), _ignored)
+
+
+def refuse_python_only(given: dict[str, Any]) -> None:
+    """Refuse the Python-only arguments (a loaded model, a callback, a resume key) in command-line model_args."""
+    from_python = sorted(set(given) & set(PYTHON_ONLY_ARGS))
+    if from_python:
+        raise ModelArgsError(f"model_args {', '.join(from_python)} cannot be given on the command line")
+
+
+def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfig]:
+    """(adapter settings with defaults filled in, validated DecodeConfig) from model arguments.
+
+    Every unknown name and every badly typed value is reported in one ModelArgsError, so a command
+    line is fixed in one go; nothing is loaded here, so the command line can check it first."""
+    decode_fields = {f.name: f for f in dataclasses.fields(DecodeConfig)}
+    try:
+        rule_keys = _rule_settings(given.get("strategy", DecodeConfig.strategy)) - set(decode_fields)
+    except DecodeError as e:
+        raise ModelArgsError(f"model_args strategy: {e}") from None
+    known = sorted(set(ADAPTER_ARGS) | set(decode_fields) | rule_keys)
+    problems, settings, decode, rule_extra = [], {}, {}, {}
+    unknown = [name for name in given if name not in known]
+    for name in unknown:
+        near = difflib.get_close_matches(name, known, n=1)
+        problems.append(f"unknown model_args key {name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    for name, value in given.items():
+        if name in ADAPTER_ARGS:
+            parse, target = ADAPTER_ARGS[name][0], settings
+        elif name in decode_fields:
+            parse, target = _decode_parser(decode_fields[name]), decode
+        elif name in rule_keys:
+            parse, target = (lambda v: parse_value(v) if isinstance(v, str) else v), rule_extra
+        else:
+            continue
+        try:
+            target[name] = parse(value)
+        except ValueError as e:
+            problems.append(f"model_args {name}: {e}")
+    if unknown:
+        problems.append(f"the keys are {', '.join(known)}")
+    if problems:
+        raise ModelArgsError("; ".join(problems))
+    settings = {name: settings.get(name, default) for name, (_, default) in ADAPTER_ARGS.items()}
+    if rule_extra:  # fold the rule's own settings into its spec: "klass:tau_c=0.5" + tau_kl=0.05
+        name, spec_settings = parse_spec(decode.get("strategy", DecodeConfig.strategy))
+        decode["strategy"] = make_spec(name, {**spec_settings, **rule_extra})
+    try:
+        cfg = DecodeConfig(**decode).validate()
+    except DecodeError as e:
+        raise ModelArgsError(f"model_args: {e}") from None
+    return settings, cfg
+
+
+def check_gen_length(cfg: DecodeConfig, max_sequence_length: int) -> None:
+    """gen_length must leave a model of this length room for a prompt (a mistake in the model arguments)."""
+    try:
+        check_room(cfg.gen_length, max_sequence_length)
+    except DecodeError as e:
+        raise ModelArgsError(str(e)) from None
