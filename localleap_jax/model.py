@@ -13,7 +13,8 @@ replicates them and `lax.while_loop` closes over them without any split/merge st
 Precision: weights and matmuls in the parameter dtype (bf16 by default); RMSNorm, RoPE and
 the attention softmax in fp32; logits returned in fp32.
 
-Boundary functions (all pure):
+Boundary functions (all pure; jitted with the config static, so a call outside a compiled program compiles
+once per shape instead of dispatching op by op, and inside one it simply inlines):
   forward(params, tokens, mask, config)            -> logits [B, L, V], logit i scoring token i
                                                        (shifted for Dream)
   trunk(params, tokens, positions, key_mask, ...)  -> hidden [B, L, D] (+ per-layer K/V)
@@ -222,6 +223,7 @@ def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32) -> Param
     return variables["params"]
 
 
+@functools.partial(jax.jit, static_argnames=("config",))
 def trunk(params: Params, tokens: Int[Array, "B L"], positions: Int[Array, "B L"], key_mask: Bool[Array, "B L"],
           config: ModelConfig) -> tuple[Float[Array, "B L D"], KVCache]:
     """Hidden states before the final norm, and every layer's K/V (for a KV cache)."""
@@ -229,6 +231,7 @@ def trunk(params: Params, tokens: Int[Array, "B L"], positions: Int[Array, "B L"
     return h, KVCache(k, v)
 
 
+@functools.partial(jax.jit, static_argnames=("config",))
 def trunk_cached(params: Params, tokens: Int[Array, "B Q"], positions: Int[Array, "B Q"],
                  key_mask: Bool[Array, "B L"], cache: KVCache, write: CacheWrite,
                  config: ModelConfig) -> Float[Array, "B Q D"]:
@@ -239,11 +242,13 @@ def trunk_cached(params: Params, tokens: Int[Array, "B Q"], positions: Int[Array
     return h
 
 
+@functools.partial(jax.jit, static_argnames=("config",))
 def head(params: Params, hidden: Float[Array, "... D"], config: ModelConfig) -> Float[Array, "... V"]:
     """Final RMSNorm + LM head, in fp32 logits, for only the positions passed in."""
     return _module(params, config).apply({"params": params}, hidden, method=DiffusionLM.head)
 
 
+@functools.partial(jax.jit, static_argnames=("config",))
 def forward(params: Params, tokens: Int[Array, "B L"], mask: Bool[Array, "B L"] | None,
             config: ModelConfig) -> Float[Array, "B L V"]:
     """Bidirectional logits for every position, logit i scoring the token at i (for Dream: the

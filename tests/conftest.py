@@ -95,3 +95,23 @@ def dream_converted(tmp_path_factory, dream_hf_checkpoint):
     out = tmp_path_factory.mktemp("conv") / "tiny-dream"
     convert(str(dream_hf_checkpoint[0]), str(out), progress=False)
     return out
+
+
+# ---------------------------------------------------------------- lm-eval's environment report, once a session
+# (added for the suite's running time: tests/test_eval_gsm8k.py, test_sweep.py and test_lm_eval.py use it)
+
+
+@pytest.fixture(scope="session")
+def lm_eval_env_report_once():
+    """Every `lm_eval.simple_evaluate` adds torch's environment report to its results (torch.utils.collect_env
+    runs pip, lscpu and others in subprocesses: about 0.3 s a call, and the end-to-end tests make dozens of
+    calls). The environment does not change within a session, so the first call's report is handed to the
+    later ones. Nothing in the tests reads the report."""
+    import functools
+
+    import torch.utils.collect_env as collect_env
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(collect_env, "get_pretty_env_info", functools.cache(collect_env.get_pretty_env_info))
+    yield
+    patch.undo()

@@ -10,11 +10,23 @@ logging and progress bars come before it. `command` starts with a program alias 
 {tmp} (a directory of prepared inputs, see `inputs`) and {out} (a path no row creates); eval_gsm8k rows get
 `--output {out}` unless they name their own. `error` is a regular expression searched in the line after
 "error: ". After every row, {out} does not exist and nothing under {tmp} changed.
+
+How a row runs. The command line's own entry (`convert.llada.main`, `eval_gsm8k.main`, the adapter's `main`:
+what `python PROGRAM ...` calls) runs the row's argv in this process, its stderr captured at the file
+descriptor (`in_process`): the exit status is what the interpreter would exit with (main's return value or
+its SystemExit), an exception escaping main fails the test (that is a traceback), warnings print to stderr
+under Python's default filters as they would in the program, and what a run changes in the process
+(sys.argv, signal handlers, the environment, JAX's persistent-cache settings, lm-eval's logging, the random
+generators) is put back after it. A few rows run as the real program in a process of their own
+(`REAL_PROCESS`, `_python`): one or two per program, so that the real entry point is proven to end the same
+way, and those that need a process boundary (another process holding --output; Ctrl-C).
 """
 
 
 import json
+import logging
 import os
+import random
 import re
 import shlex
 import shutil
@@ -22,7 +34,10 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -32,8 +47,128 @@ import localleap_jax as ll
 from helpers import REPO, write_hf_checkpoint
 
 
-def _run(*args, timeout=300):
-    return subprocess.run([sys.executable, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+class Ran(NamedTuple):
+    returncode: int
+    stderr: str
+
+
+def _run(*args, timeout=300, env=None):
+    """The real `python ARGS...`, in a process of its own."""
+    return subprocess.run([sys.executable, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def _convert_main(family):
+    import importlib
+
+    return importlib.import_module(f"convert.{family}").main  # what `python -m convert.FAMILY` calls
+
+
+def _eval_main():
+    import eval_gsm8k
+
+    return eval_gsm8k.main  # `python experiments/eval_gsm8k.py` runs sys.exit(main())
+
+
+def _adapter_main():
+    from localleap_jax.lm_eval_adapter import main
+
+    return main  # `python -m localleap_jax.lm_eval_adapter` runs sys.exit(main())
+
+
+JAX_CACHE_FLAGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+                   "jax_persistent_cache_min_entry_size_bytes")
+
+
+def _python_default_warning_filters():
+    """The filters a plain `python` starts with (no -W, no PYTHONWARNINGS), in place of pytest's."""
+    warnings.resetwarnings()
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__", append=True)
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.filterwarnings("ignore", category=category, append=True)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+@contextmanager
+def _process_state_put_back(compile_cache_dir: Path):
+    """Whatever a command line's main changes in its process, restored when it returns: this worker runs
+    the next test as if main had run elsewhere. The persistent compilation cache, which eval_gsm8k and the
+    adapter turn on by default, points at `compile_cache_dir` meanwhile (never at ~/.cache)."""
+    import jax
+
+    from localleap_jax import compile_cache
+
+    argv, environ = sys.argv[:], dict(os.environ)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    jax_flags = {k: getattr(jax.config, k) for k in JAX_CACHE_FLAGS}
+    default_dir, compile_cache.DEFAULT_DIR = compile_cache.DEFAULT_DIR, compile_cache_dir
+    rngs = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    root = logging.getLogger()
+    root_state = root.handlers[:], root.level
+    # Logging as in the program: records that reach the root logger are printed on stderr (absl, imported
+    # with Orbax, calls logging.basicConfig() there), not collected by pytest's log capture.
+    stderr_handler = logging.StreamHandler(sys.stderr)
+    stderr_handler.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+    root.handlers[:] = [stderr_handler]
+    root.setLevel(logging.WARNING)
+    lm_eval_logger = logging.getLogger("lm_eval")
+    logger_state = lm_eval_logger.handlers[:], lm_eval_logger.level, lm_eval_logger.propagate
+    lm_eval_utils = sys.modules.get("lm_eval.utils")
+    configured = getattr(lm_eval_utils, "_LOGGING_CONFIGURED", False)
+    if lm_eval_utils is not None:  # so that setup_logging() gives this run a handler on the captured stderr
+        lm_eval_utils._LOGGING_CONFIGURED = False
+        lm_eval_logger.handlers[:] = []
+    try:
+        yield
+    finally:
+        sys.argv = argv
+        os.environ.clear()
+        os.environ.update(environ)
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        compile_cache.DEFAULT_DIR = default_dir
+        if {k: getattr(jax.config, k) for k in JAX_CACHE_FLAGS} != jax_flags:
+            from jax.experimental.compilation_cache import compilation_cache
+
+            for k, v in jax_flags.items():
+                jax.config.update(k, v)
+            compilation_cache.reset_cache()  # the next compile reads the settings again
+        random.setstate(rngs[0])
+        np.random.set_state(rngs[1])
+        torch.random.set_rng_state(rngs[2])
+        root.handlers[:] = root_state[0]
+        root.setLevel(root_state[1])
+        lm_eval_logger.handlers[:], lm_eval_logger.propagate = logger_state[0], logger_state[2]
+        lm_eval_logger.setLevel(logger_state[1])
+        if "lm_eval.utils" in sys.modules:
+            sys.modules["lm_eval.utils"]._LOGGING_CONFIGURED = configured
+
+
+def in_process(main, argv, capfd, compile_cache_dir) -> Ran:
+    """`main(argv)` in this process, ended as the interpreter ends `sys.exit(main())`: its exit status and
+    what it wrote to stderr (file descriptor 2 and sys.stderr)."""
+    capfd.readouterr()
+    with _process_state_put_back(compile_cache_dir), warnings.catch_warnings():
+        _python_default_warning_filters()
+        warnings.showwarning = _show_warning
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as e:  # argparse's errors, sys.exit(...)
+            code = e.code
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"): Python prints it and exits 1
+        print(code, file=sys.stderr)
+        code = 1
+    return Ran(code, capfd.readouterr().err)
+
+
+@pytest.fixture(scope="module")
+def compile_cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("xla")
 
 
 def _edit_config(key, value=None, delete=False):
@@ -106,16 +241,26 @@ DREAM_CASES = [
 ]
 
 
+# These rows run as `python -m convert.FAMILY ...` in a process of their own (one per entry point).
+CONVERT_REAL_PROCESS = {"d_model-string", "pad-outside"}
+assert CONVERT_REAL_PROCESS <= {c[0] for c in LLADA_CASES} | {c[0] for c in DREAM_CASES}
+
+
 @pytest.mark.parametrize("family, case, mutate, extra, expected",
                          [("llada", *c) for c in LLADA_CASES] + [("dream", *c) for c in DREAM_CASES],
                          ids=[c[0] for c in LLADA_CASES + DREAM_CASES])
-def test_bad_input_is_one_error_line_and_leaves_nothing(request, tmp_path, family, case, mutate, extra, expected):
+def test_bad_input_is_one_error_line_and_leaves_nothing(request, tmp_path, capfd, compile_cache_dir, family, case,
+                                                       mutate, extra, expected):
     fixture = "hf_checkpoint" if family == "llada" else "dream_hf_checkpoint"
     src = tmp_path / "src"
     shutil.copytree(request.getfixturevalue(fixture)[0], src)
     if mutate is not None:
         mutate(src)
-    r = _run("-m", f"convert.{family}", src, tmp_path / "out", "--quiet", *extra)
+    argv = [src, tmp_path / "out", "--quiet", *extra]
+    if case in CONVERT_REAL_PROCESS:
+        r = _run("-m", f"convert.{family}", *argv)
+    else:
+        r = in_process(_convert_main(family), argv, capfd, compile_cache_dir)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2, r.stderr
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
@@ -128,7 +273,7 @@ def test_bad_input_is_one_error_line_and_leaves_nothing(request, tmp_path, famil
     ("unwritable", "cannot write"),
     ("missing-src", "is neither an existing directory nor a hub id"),
 ])
-def test_bad_paths_are_one_error_line(tmp_path, hf_checkpoint, where, expected):
+def test_bad_paths_are_one_error_line(tmp_path, capfd, compile_cache_dir, hf_checkpoint, where, expected):
     src, out = hf_checkpoint[0], tmp_path / "out"
     if where == "file":
         out.write_text("mine")
@@ -138,7 +283,7 @@ def test_bad_paths_are_one_error_line(tmp_path, hf_checkpoint, where, expected):
             (tmp_path / "ro").mkdir(mode=0o555)
     else:
         src = tmp_path / "nowhere"
-    r = _run("-m", "convert.llada", src, out, "--quiet")
+    r = in_process(_convert_main("llada"), [src, out, "--quiet"], capfd, compile_cache_dir)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], r.stderr
     assert str(src if where == "missing-src" else out) in lines[0]
@@ -147,11 +292,12 @@ def test_bad_paths_are_one_error_line(tmp_path, hf_checkpoint, where, expected):
     assert not list(out.parent.glob(f".{out.name}.partial-*"))
 
 
-def test_an_f64_source_converts_with_an_explicit_dtype(tmp_path, hf_checkpoint):
+def test_an_f64_source_converts_with_an_explicit_dtype(tmp_path, capfd, compile_cache_dir, hf_checkpoint):
     src = tmp_path / "src"
     shutil.copytree(hf_checkpoint[0], src)
     _retype_tensors(torch.float64)(src)
-    r = _run("-m", "convert.llada", src, tmp_path / "out", "--quiet", "--dtype", "float32")
+    r = in_process(_convert_main("llada"), [src, tmp_path / "out", "--quiet", "--dtype", "float32"], capfd,
+                   compile_cache_dir)
     assert r.returncode == 0, r.stderr
     model = ll.load(tmp_path / "out", dtype="float32")
     q = hf_checkpoint[2]["model.transformer.blocks.1.q_proj.weight"].numpy()
@@ -239,9 +385,9 @@ def test_ctrl_c_at_any_moment_leaves_no_partial_directory(tmp_path, big_source, 
 
 # ---------------------------------------------------------------- eval_gsm8k.py and the lm-eval adapter
 
-PROGRAMS = {
-    "eval": [sys.executable, "experiments/eval_gsm8k.py"],
-    "adapter": [sys.executable, "-m", "localleap_jax.lm_eval_adapter"],
+PROGRAMS = {  # alias -> (the real program's arguments to python, its entry: what that program calls)
+    "eval": (["experiments/eval_gsm8k.py"], _eval_main),
+    "adapter": (["-m", "localleap_jax.lm_eval_adapter"], _adapter_main),
 }
 ADAPTER = "adapter --model localleap --model_args checkpoint=embedded"
 
@@ -357,21 +503,32 @@ def snapshot(root) -> dict:
     return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
 
 
-def command(row_command: str, tmp, out) -> list[str]:
+# These rows run as the real program in a process of their own: an argument error and a model_args error
+# (one per program, through `python ...`), and the one whose holder of --output must be another process.
+REAL_PROCESS = {"batch-size-negative", "output-held-by-another-run", "adapter-mistyped-values"}
+assert REAL_PROCESS <= {r[0] for r in ROWS}
+
+
+def command(row_command: str, tmp, out) -> tuple[str, list[str]]:
+    """(program alias, its arguments)."""
     words = shlex.split(row_command.format(tmp=tmp, out=out))
-    argv = PROGRAMS[words[0]] + words[1:]
+    argv = words[1:]
     if words[0] == "eval" and "--output" not in words:
         argv += ["--output", str(out)]
-    return argv
+    return words[0], argv
 
 
 @pytest.mark.parametrize("name, row_command, error", ROWS, ids=[r[0] for r in ROWS])
-def test_bad_input_ends_in_one_line_and_leaves_nothing(inputs, tmp_path, name, row_command, error):
+def test_bad_input_ends_in_one_line_and_leaves_nothing(inputs, tmp_path, capfd, compile_cache_dir, name, row_command,
+                                                       error):
     out = tmp_path / "out"
     before = snapshot(inputs)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    r = subprocess.run(command(row_command, inputs, out), cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=300)
+    program, argv = command(row_command, inputs, out)
+    python_args, entry = PROGRAMS[program]
+    if name in REAL_PROCESS:
+        r = _run(*python_args, *argv, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    else:
+        r = in_process(entry(), argv, capfd, compile_cache_dir)
     lines = r.stderr.strip().splitlines()
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     assert r.returncode == 2, r.stderr[-3000:]

@@ -13,7 +13,7 @@ import pytest
 import localleap_jax as ll
 from localleap_jax import decode
 from localleap_jax.compile_cache import compiled_programs
-from stubs import EOS, MASK, WORD, prompts, scripted
+from stubs import EOS, MASK, WORD, config, prompts, scripted
 
 G, T = 12, 4  # 3 blocks
 
@@ -284,3 +284,11 @@ def test_the_mask_token_is_never_predicted():
     gen = out.tokens[0, out.prompt_length:]
     assert not (gen == MASK).any() and out.nfe[0] < G
     np.testing.assert_array_equal(np.delete(gen, [2, 3, 4]), np.delete(words[0], [2, 3, 4]))
+
+
+def test_a_model_without_the_loops_seam_is_refused_by_name():
+    """The loop is given a model's config, denoiser and special ids explicitly: an object lacking them is named."""
+    class Params:  # what a user might pass by mistake: the parameters, not the loaded model
+        config = config()
+    with pytest.raises(ll.DecodeError, match=r"Params has no denoiser, special"):
+        ll.generate(Params(), *prompts(1), ll.DecodeConfig(gen_length=G, block_length=T))

@@ -13,6 +13,8 @@ import localleap_jax as ll
 from localleap_jax.checkpoint import EMBEDDED
 from localleap_jax.lm_eval import GenerationOnlyError, LocalLeapLM, ModelArgsError, cut_at_until
 
+pytestmark = pytest.mark.usefixtures("lm_eval_env_report_once")  # conftest: torch's environment report once
+
 DECODE = dict(strategy="localleap", gen_length=64, block_length=16)
 
 

@@ -19,6 +19,8 @@ from localleap_jax.compile_cache import compiled_programs, forget_compiled
 from localleap_jax.gsm8k import UserError
 from sweep import Point, best_within, compare_frontiers, frontier
 
+pytestmark = pytest.mark.usefixtures("lm_eval_env_report_once")  # conftest: torch's environment report once
+
 # ---------------------------------------------------------------- frontiers (known by construction)
 
 # cost = mean NFE. By hand, cheapest first:

@@ -1,6 +1,7 @@
 """train_tiny: LLaDA's SFT objective, resumable Orbax state, and an export `ll.load` reads."""
 
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +55,28 @@ def test_sft_loss_is_cross_entropy_on_masked_answer_tokens_weighted_by_one_over_
     assert got == pytest.approx(want, rel=1e-5)
 
 
-def test_training_resumes_and_exports_a_loadable_checkpoint(tmp_path, monkeypatch):
+@pytest.fixture
+def compilations_shared_between_runs(tmp_path):
+    """JAX's persistent compilation cache, in tmp_path and for one test: each train_tiny.main jits its train step
+    (and the parameters' init) afresh, a new closure per run, so every run would compile the same programs
+    again; with the cache the later runs read the first run's executables. JAX's settings are put back after."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    from localleap_jax.compile_cache import enable_compilation_cache
+
+    flags = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")
+    before = {k: getattr(jax.config, k) for k in flags}
+    enable_compilation_cache(tmp_path / "xla")
+    compilation_cache.reset_cache()  # read the settings again at the next compile
+    yield tmp_path / "xla"
+    for k, v in before.items():
+        jax.config.update(k, v)
+    compilation_cache.reset_cache()
+
+
+def test_training_resumes_and_exports_a_loadable_checkpoint(tmp_path, monkeypatch, compilations_shared_between_runs):
     out = tmp_path / "run"
     real_batch = train_tiny.make_batch
 
@@ -80,6 +102,9 @@ def test_training_resumes_and_exports_a_loadable_checkpoint(tmp_path, monkeypatc
     # Resuming restored everything (parameters, optimizer moments, the schedule's step): the same six steps run
     # without a stop end in the same weights, bit for bit (a resume from fresh parameters or a fresh optimizer
     # state would not).
+    # (the same tokenizer as the first run's: build_tokenizer keeps the one it finds, and training it again on
+    # the same corpus would give the same one)
+    shutil.copytree(out / "tokenizer", tmp_path / "straight" / "tokenizer")
     train_tiny.main(["--out", str(tmp_path / "straight"), *TINY])
     straight = ll.load(tmp_path / "straight" / "checkpoint", dtype="float32")
     assert json.loads((tmp_path / "straight" / "checkpoint" / "manifest.json").read_text())["training"][

@@ -124,6 +124,10 @@ def pad_rows(a, rows: int) -> np.ndarray:
 def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,
         placement: Placement = OneDevice(), trace: bool = False) -> Generation:
     """Decode a batch of left-padded prompts (ids [B, Lp], mask [B, Lp]) with one compiled loop on `placement`."""
+    missing = [a for a in ("config", "denoiser", "special") if not hasattr(model, a)]
+    if missing:
+        raise DecodeError(f"generate takes a model with config, denoiser and special (an ll.Model from ll.load); "
+                          f"{type(model).__name__} has no {', '.join(missing)}")
     ids_b, mask_b, pad = prepare_inputs(ids, mask, cfg, model.config, rng)
     B, P = ids_b.shape
     rule = cfg.rule

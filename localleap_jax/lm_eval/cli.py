@@ -17,7 +17,7 @@ from localleap_jax.convert_hf import is_hub_id, resolve_checkpoint
 from localleap_jax.decode import DecodeConfig, DecodeError
 from localleap_jax.dist.multihost import leading
 from localleap_jax.lm_eval.args import ModelArgsError, check_gen_length, parse_model_args, refuse_python_only
-from localleap_jax.lm_eval.devices import follow, processes_of
+from localleap_jax.lm_eval.devices import follow, join_and_mesh, processes_of
 from localleap_jax.lm_eval.identity import CacheMismatchError
 from localleap_jax.lm_eval.model import GenerationOnlyError, LocalLeapLM, generation_only_message
 from localleap_jax.lm_eval.prompts import PromptTooLongError
@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             processes.initialize(processes_of(settings))  # before anything touches a JAX backend
             if processes.is_follower():  # no lm-eval here: carry out process 0's generations
                 return follow(settings["compile_cache"])
+            join_and_mesh(settings)  # a mesh the devices cannot hold is refused now, not after lm-eval's indexing
         with leading(), generation_tasks_only():  # the followers are released however this ends
             cli.execute(args)
     except processes.LostProcessError as e:
