@@ -23,12 +23,12 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
+from localleap_jax.api import generate
 from localleap_jax.checkpoint import Model
 from localleap_jax.compile_cache import enable_compilation_cache
 from localleap_jax.convert_hf import resolve_checkpoint
 from localleap_jax.decode import DecodeConfig
 from localleap_jax.dist.multihost import leader
-from localleap_jax.dist.pmap import generate_parallel
 from localleap_jax.lm_eval.args import check_gen_length, default_dtype, parse_model_args, refuse_python_only
 from localleap_jax.lm_eval.devices import join_and_mesh
 from localleap_jax.lm_eval.identity import answers_key, claim_cache, forget_missing_answers
@@ -182,7 +182,7 @@ class LocalLeapLM(LM):
         ids, mask = left_pad([prompts[i].ids for i in filled], tok.pad_id)
         rng = jax.random.fold_in(self.rng, start)
         if self.mesh is None:  # one process: a full copy of the weights on each local device
-            out = generate_parallel(self.model, ids, mask, cfg, rng=rng)
+            out = generate(self.model, ids, mask, cfg, rng, devices=jax.local_devices())
         else:  # every process at once, the batch split over "data", the weights over "model"
             out = leader().generate(self.model, ids, mask, cfg, rng, mesh=self.mesh)
         self.model_calls += 1
