@@ -1,8 +1,9 @@
 """Checkpoint converters, thin command lines over `localleap_jax.convert_hf`:
 
-    python -m convert SRC OUT           # the family (LLaDA or Dream) read from SRC's config.json
+    python -m convert SRC OUT           # the family (LLaDA, Dream or SDAR) read from SRC's config.json
     python -m convert.llada SRC OUT     # refuses a Dream source, naming it
     python -m convert.dream SRC OUT     # refuses a LLaDA source, naming it
+    python -m convert.sdar SRC OUT      # SDAR / TraDo block-diffusion models
 
 Every mistake ends with exit status 2 and one line `error: ...`; Ctrl-C with status 130 and one
 line, leaving no output directory.
@@ -43,7 +44,7 @@ def main(argv=None, family: str | None = None) -> int:
     """The command line; exit status 2 and one `error:` line for anything wrong with the input."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, Ctrl-C cleans up as it unwinds
     prog = "python -m convert" + (f".{family}" if family else "")
-    what = f"a Hugging Face {FAMILY_NAMES[family]} checkpoint" if family else "a Hugging Face LLaDA or Dream checkpoint"
+    what = f"a Hugging Face {FAMILY_NAMES[family]} checkpoint" if family else "a Hugging Face LLaDA, Dream or SDAR checkpoint"
     ap = _OneLineParser(prog=prog, description=f"Convert {what} (safetensors) into a localleap-jax checkpoint "
                         "directory. Remote code is never run; pickle checkpoints are refused.")
     ap.add_argument("src", help="local HF checkpoint directory or hub id")

@@ -1,4 +1,4 @@
-"""python -m convert SRC OUT: convert a LLaDA or Dream checkpoint, whichever config.json names."""
+"""python -m convert SRC OUT: convert a LLaDA, Dream or SDAR checkpoint, whichever config.json names."""
 
 import sys
 

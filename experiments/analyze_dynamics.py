@@ -49,7 +49,8 @@ def parse_args(argv=None):
     ap.add_argument("--gen-length", type=int, help="generation canvas (default 256; the embedded model's own: 64)")
     ap.add_argument("--block-length", type=int, help="block size (default 32; embedded model: 16)")
     ap.add_argument("--batch-size", type=int, help="rows per generate call (default 16)")
-    ap.add_argument("--cache", help="KV cache: none (default), prefix or dual")
+    ap.add_argument("--cache", help="KV cache: auto (default: block for a block-diffusion model, else none), none, "
+                                    "prefix, dual or block")
     ap.add_argument("--early-stop", action="store_true", default=None,
                     help="stop a row after a finished block that holds EOS")
     ap.add_argument("--dtype", help="parameter dtype: auto (default: fp32 on CPU, bf16 on GPU/TPU), bfloat16, float32")
@@ -65,12 +66,13 @@ def parse_args(argv=None):
 # ---------------------------------------------------------------- settings
 
 
-def decode_config(args, ll):
-    """The DecodeConfig of --strategy (a rule name with optional settings) and the canvas flags."""
+def decode_config(args, ll, model_config=None):
+    """The DecodeConfig of --strategy (a rule name with optional settings) and the canvas flags, checked
+    against the model's config.json when given."""
     spec = args.strategy or "low_confidence"
     try:
         return ll.DecodeConfig(strategy=ll.rule(spec), gen_length=args.gen_length, block_length=args.block_length,
-                               cache=args.cache or "none", early_stop=bool(args.early_stop)).validate()
+                               cache=args.cache or "auto", early_stop=bool(args.early_stop)).validate(model_config)
     except ll.DecodeError as e:
         raise UserError(f"--strategy {spec}: {e}") from None
 
@@ -158,13 +160,14 @@ def generate_and_save(args, out: Path) -> list[Path]:
     try:
         path = resolve_checkpoint(args.checkpoint)
         manifest = read_manifest(path)
+        model_config = ll.ModelConfig.from_json_file(path / "config.json")
     except (ll.CheckpointError, ll.ConfigError) as e:
         raise UserError(str(e)) from None
-    defaults = model_defaults(manifest)
+    defaults = model_defaults(manifest, model_config)
     for key in ("gen_length", "block_length"):
         if getattr(args, key) is None:
             setattr(args, key, defaults[key])
-    cfg = decode_config(args, ll)
+    cfg = decode_config(args, ll, model_config)
     problems, data_desc = load_problems(args, manifest)
     if not 0 <= args.row < len(problems):
         raise UserError(f"--row {args.row}: there are {len(problems)} problems")

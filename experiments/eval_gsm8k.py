@@ -34,9 +34,9 @@ from localleap_jax.checkpoint import EMBEDDED  # noqa: E402
 from localleap_jax.decode import CACHE_MODES, DecodeError  # noqa: E402
 from localleap_jax.dist.multihost import leading, mesh_for_run  # noqa: E402
 from localleap_jax.gsm8k import (EXIT_ERROR, EvalSettings, OneLineParser, Progress, UserError,  # noqa: E402
-                                 check_gen_length, check_output, collect, config_record, count, exit_status,
-                                 find_checkpoint, holding, load_model, plan_data, positive, probability,
-                                 run_strategy, seed, summarize, write_atomically, write_task)
+                                 check_gen_length, check_output, collect, config_record, count, default_strategies,
+                                 exit_status, find_checkpoint, holding, load_model, plan_data, positive, probability,
+                                 read_model_config, run_strategy, seed, summarize, write_atomically, write_task)
 from localleap_jax.lm_eval import follow  # noqa: E402
 from localleap_jax.partition import parse_mesh  # noqa: E402
 from localleap_jax.rules import split_specs  # noqa: E402
@@ -62,15 +62,17 @@ def parse_args(argv=None):
                                    "model's held-out synthetic split, or lm-eval's gsm8k from the hub)")
     ap.add_argument("--fewshot-data", help="JSONL to draw few-shot examples from (default: train.jsonl beside --data, "
                                            "else --data itself, never a problem's own example)")
-    ap.add_argument("--strategies", default="low_confidence,threshold,localleap",
+    ap.add_argument("--strategies",
                     help="comma-separated rules, each a name with optional settings, e.g. "
                          "localleap,threshold:kappa=0.8,eb:gamma=0.01,klass:tau_c=0.6,tau_kl=0.015; the first is the "
-                         "baseline of the ratios (default: %(default)s; names: low_confidence, threshold, localleap, "
-                         "factor, eb, margin, entropy, klass, stable)"),
+                         "baseline of the ratios (default: low_confidence,threshold,localleap; for a block-diffusion "
+                         "model low_confidence,dynamic:threshold=0.9,threshold,localleap; names: low_confidence, "
+                         "threshold, localleap, factor, eb, margin, entropy, klass, stable, dynamic)"),
     ap.add_argument("--limit", type=positive, help="evaluate only the first N problems")
     ap.add_argument("--batch-size", type=positive, default=32)
     ap.add_argument("--gen-length", type=positive, help="generation canvas (default 256; the embedded model's own: 64)")
-    ap.add_argument("--block-length", type=positive, help="block size (default 32; embedded model: 16)")
+    ap.add_argument("--block-length", type=positive, help="block size (default 32; embedded model: 16; a "
+                                                            "block-diffusion model: its own block_size)")
     ap.add_argument("--num-fewshot", type=count, help="few-shot examples (default 5; embedded model: 0)")
     ap.add_argument("--truncate-fewshot", action="store_true",
                     help="drop few-shot examples from the front of a prompt that is too long for the model (counted "
@@ -81,9 +83,10 @@ def parse_args(argv=None):
                                                       "(default: the rule's, 0.9); a rule's own setting wins")
     ap.add_argument("--tau", type=probability, help="relaxed threshold near an anchor (localleap; default 0.75)")
     ap.add_argument("--radius", type=count, help="W, the anchor neighbourhood (localleap; default 4)")
-    ap.add_argument("--cache", default="none",
-                    help="KV cache: none, prefix or dual (default none); a comma-separated list runs each, names the "
-                         "rows strategy+cache and reports the fraction of outputs identical to the first mode's")
+    ap.add_argument("--cache", default="auto",
+                    help="KV cache: auto, none, prefix, dual or block (default auto: the exact block cache for a "
+                         "block-diffusion model, none otherwise); a comma-separated list runs each, names the rows "
+                         "strategy+cache and reports the fraction of outputs identical to the first mode's")
     ap.add_argument("--early-stop", action="store_true", help="stop a row after a finished block that holds EOS")
     ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
                     help="parameter dtype: auto (fp32 on CPU, bf16 on GPU/TPU), bfloat16, float32")
@@ -101,16 +104,18 @@ def parse_args(argv=None):
     dist.add_argument("--num-processes", type=positive, help="processes in the run (or JAX_NUM_PROCESSES)")
     dist.add_argument("--process-id", type=count, help="this process's number, 0 to N-1 (or JAX_PROCESS_ID)")
     args = ap.parse_args(argv)
-    args.strategies, args.caches = split_specs(args.strategies), names(args.cache)
-    for flag, given in (("--strategies", args.strategies), ("--cache", args.caches)):
+    args.strategies = None if args.strategies is None else split_specs(args.strategies)
+    args.caches = names(args.cache)
+    for flag, given in (("--strategies", ["-"] if args.strategies is None else args.strategies),
+                        ("--cache", args.caches)):
         if not given:
             ap.error(f"argument {flag}: no names given")
         twice = sorted({n for n in given if given.count(n) > 1})
         if twice:
             ap.error(f"argument {flag}: {', '.join(twice)} given twice")
-    bad_cache = [c for c in args.caches if c not in CACHE_MODES]
+    bad_cache = [c for c in args.caches if c not in ("auto", *CACHE_MODES)]
     if bad_cache:
-        ap.error(f"argument --cache: unknown cache {', '.join(bad_cache)}; choose from {', '.join(CACHE_MODES)}")
+        ap.error(f"argument --cache: unknown cache {', '.join(bad_cache)}; choose from auto, {', '.join(CACHE_MODES)}")
     if args.fewshot_data and not args.data:
         ap.error("argument --fewshot-data: needs --data (the default data brings its own few-shot examples)")
     if args.mesh is not None:
@@ -165,8 +170,10 @@ def run(args, mesh, progress: Progress) -> int:
     if args.output:
         check_output(Path(args.output).expanduser().resolve())
     path, manifest = find_checkpoint(args.model or args.checkpoint)
+    config = read_model_config(path)
+    args.strategies = args.strategies or split_specs(default_strategies(config))
     settings = EvalSettings.for_model(
-        manifest, gen_length=args.gen_length, block_length=args.block_length, num_fewshot=args.num_fewshot,
+        manifest, model=config, gen_length=args.gen_length, block_length=args.block_length, num_fewshot=args.num_fewshot,
         batch_size=args.batch_size, limit=args.limit, seed=args.seed, truncate_fewshot=args.truncate_fewshot,
         early_stop=args.early_stop, cache=args.caches[0], steps=args.steps, kappa=args.kappa, tau=args.tau,
         radius=args.radius, compile_cache=not args.no_compile_cache, mesh=mesh)
@@ -195,7 +202,7 @@ def check_strategies(strategies: list[str], settings: EvalSettings) -> None:
     """Every --strategies entry with the decoding flags, checked together before anything is loaded."""
     for strategy in strategies:
         try:
-            settings.decode_config(strategy).validate()
+            settings.check(strategy)
         except DecodeError as e:
             raise UserError(f"--strategies {strategy}: {e}") from None
 

@@ -55,8 +55,8 @@ from localleap_jax.compile_cache import compiled_programs  # noqa: E402
 from localleap_jax.decode import CACHE_MODES, DecodeError  # noqa: E402
 from localleap_jax.gsm8k import (EvalSettings, OneLineParser, Progress, UserError, check_gen_length,  # noqa: E402
                                  check_output, collect, config_record, count, exit_status, find_checkpoint, holding,
-                                 load_model, plan_data, positive, run_strategy, seed, summarize, write_atomically,
-                                 write_task)
+                                 load_model, plan_data, positive, read_model_config, run_strategy, seed, summarize,
+                                 write_atomically, write_task)
 
 RULE_NAMES = ("low_confidence", "threshold", "localleap", "factor", "eb", "margin", "entropy", "klass", "stable")
 
@@ -132,7 +132,8 @@ def parse_args(argv=None):
     ap.add_argument("--block-length", type=positive, help="block size (default 32; embedded model: 16)")
     ap.add_argument("--num-fewshot", type=count, help="few-shot examples (default 5; embedded model: 0)")
     ap.add_argument("--truncate-fewshot", action="store_true", help="as eval_gsm8k.py")
-    ap.add_argument("--cache", default="none", choices=CACHE_MODES, help="KV cache (default %(default)s)")
+    ap.add_argument("--cache", default="auto", choices=("auto", *CACHE_MODES),
+                    help="KV cache (default %(default)s: the exact block cache for a block-diffusion model, else none)")
     ap.add_argument("--early-stop", action="store_true", help="stop a row after a finished block that holds EOS")
     ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"))
     ap.add_argument("--seed", type=seed, default=0)
@@ -164,14 +165,14 @@ def parse_args(argv=None):
     return args
 
 
-def eval_settings_of(args, manifest: dict) -> EvalSettings:
+def eval_settings_of(args, manifest: dict, model=None) -> EvalSettings:
     """What every point is scored with: these flags, the model's defaults for the canvas, no rule setting
     (a point's settings travel in its spec, never in --kappa & co), one process with a model copy per local
     device (no --mesh here)."""
     return EvalSettings.for_model(
         manifest, gen_length=args.gen_length, block_length=args.block_length, num_fewshot=args.num_fewshot,
         batch_size=args.batch_size, limit=args.limit, seed=args.seed, truncate_fewshot=args.truncate_fewshot,
-        early_stop=args.early_stop, cache=args.cache, compile_cache=not args.no_compile_cache)
+        early_stop=args.early_stop, cache=args.cache, compile_cache=not args.no_compile_cache, model=model)
 
 
 def parse_strategies(text: str) -> list[str]:
@@ -285,7 +286,7 @@ def check_point(name: str, settings: dict, eval_settings: EvalSettings) -> tuple
         # The rule object first: a spec leaves None settings out, so 'threshold' with kappa=None would
         # read back as the default kappa instead of being refused.
         spec = ll.rule(name, **settings).validate(eval_settings.gen_length, eval_settings.block_length).spec()
-        eval_settings.decode_config(spec).validate()  # what eval_gsm8k checks
+        eval_settings.check(spec)  # what eval_gsm8k checks
     except DecodeError as e:
         return None, str(e)
     return spec, None
@@ -346,7 +347,7 @@ def check_canvas(eval_settings: EvalSettings) -> None:
     """The flags every point shares (gen/block length, cache), checked once so a mistake there is not
     reported as one of a grid's values."""
     try:
-        eval_settings.decode_config(BASELINE).validate()
+        eval_settings.check(BASELINE)
     except DecodeError as e:
         raise UserError(str(e)) from None
 
@@ -548,7 +549,7 @@ def run(args, progress) -> int:
     out = Path(args.output).expanduser().resolve()
     check_output(out)
     path, manifest = find_checkpoint(args.model or args.checkpoint)
-    eval_settings = eval_settings_of(args, manifest)
+    eval_settings = eval_settings_of(args, manifest, read_model_config(path))
     check_gen_length(eval_settings.gen_length, path)
     grids, pareto, series = plan_points(args, eval_settings)
     groups = run_order(pareto, series)

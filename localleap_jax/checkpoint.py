@@ -43,6 +43,7 @@ FORMAT = "localleap-jax-checkpoint/1"
 PARAM_DTYPES = ("bfloat16", "float16", "float32")  # what `load` restores parameters into
 # The small model trained by experiments/train_tiny.py, shipped inside the package.
 EMBEDDED = Path(__file__).resolve().parent / "assets" / "tiny-math"
+EMBEDDED_SDAR = Path(__file__).resolve().parent / "assets" / "tiny-math-sdar"  # its block-diffusion twin
 
 
 class CheckpointError(ValueError):

@@ -1,10 +1,11 @@
 """`ModelConfig`: the architecture read from a Hugging Face config.json, for either model family.
 
-Two families share one network (a Llama-style block run bidirectionally); their config.json files
-name things differently:
-  llada  LLaDA's OLMo-style keys (d_model, n_heads, mlp_hidden_size, ...), no biases.
+Three families share one network (a Llama-style block); their config.json files name things differently:
+  llada  LLaDA's OLMo-style keys (d_model, n_heads, mlp_hidden_size, ...), no biases; bidirectional.
   dream  Dream's Qwen2-style keys (hidden_size, num_attention_heads, intermediate_size, ...),
          biases on q/k/v, and logits shifted by one position (see `ModelConfig.logits_shift`).
+  sdar   SDAR / TraDo's Qwen3-style keys: per-head RMSNorm on q and k, head_dim from the config, an
+         optionally tied head, and block-causal attention (`ModelConfig.block_size`): a block diffusion LM.
 Any field that would change the maths in a way model.py does not implement is refused by name
 instead of being silently ignored.
 """
@@ -17,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-FAMILIES = ("llada", "dream")
+FAMILIES = ("llada", "dream", "sdar")
 
 
 class ConfigError(ValueError):
@@ -39,8 +40,14 @@ class ModelConfig:
     mask_token_id: int = 126336
     eos_token_id: int = 126081
     pad_token_id: int = 126081
-    family: str = "llada"  # "llada" | "dream": how config.json and the tensors are named
+    family: str = "llada"  # "llada" | "dream" | "sdar": how config.json and the tensors are named
     qkv_bias: bool = False  # q/k/v projections carry a bias (Dream, Qwen2-style)
+    qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3, SDAR)
+    explicit_head_dim: int | None = None  # head size when it is not d_model / n_heads (Qwen3's head_dim)
+    tie_word_embeddings: bool = False  # the LM head is the embedding matrix (no separate ff_out)
+    # 0: bidirectional attention. > 0: block-causal on each row's grid of this many positions (SDAR): a query
+    # in block i sees keys in blocks <= i, so a finished block's K/V never change.
+    block_size: int = 0
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -49,7 +56,14 @@ class ModelConfig:
                      "vocab_size", "embedding_size", "max_sequence_length"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.d_model % self.n_heads:
+        if self.explicit_head_dim is not None and self.explicit_head_dim <= 0:
+            raise ConfigError(f"head_dim must be positive, got {self.explicit_head_dim}")
+        if self.block_size < 0:
+            raise ConfigError(f"block_size must be >= 0 (0: bidirectional), got {self.block_size}")
+        if (self.block_size > 0) != (self.family == "sdar"):
+            raise ConfigError(f"block_size={self.block_size} with family {self.family!r}: only SDAR "
+                              "(block diffusion) attends block-causally")
+        if self.explicit_head_dim is None and self.d_model % self.n_heads:
             raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
@@ -67,7 +81,12 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.explicit_head_dim or self.d_model // self.n_heads
+
+    @property
+    def block_causal(self) -> bool:
+        """A block diffusion LM: attention is causal across blocks of `block_size` and bidirectional inside one."""
+        return self.block_size > 0
 
     @property
     def logits_shift(self) -> int:
@@ -78,9 +97,10 @@ class ModelConfig:
     @property
     def num_params(self) -> int:
         d, f, v = self.d_model, self.mlp_hidden_size, self.embedding_size
-        kv = self.n_kv_heads * self.head_dim
-        per_layer = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * f + (d + 2 * kv if self.qkv_bias else 0)
-        return 2 * v * d + d + self.n_layers * per_layer
+        q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        per_layer = (2 * d + 2 * d * q + 2 * d * kv + 3 * d * f + (q + 2 * kv if self.qkv_bias else 0)
+                     + (2 * self.head_dim if self.qk_norm else 0))
+        return (1 if self.tie_word_embeddings else 2) * v * d + d + self.n_layers * per_layer
 
     # ---- Hugging Face config.json <-> ModelConfig ----
 
@@ -88,11 +108,11 @@ class ModelConfig:
     def from_hf_dict(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
         if not isinstance(cfg, Mapping):
             raise ConfigError(f"config.json must hold a JSON object, not a {type(cfg).__name__}")
-        return _read_dream(cfg) if detect_family(cfg) == "dream" else _read_llada(cfg)
+        return {"dream": _read_dream, "sdar": _read_sdar, "llada": _read_llada}[detect_family(cfg)](cfg)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A config.json in the family's own layout, for checkpoints this project writes itself."""
-        return _write_dream(self) if self.family == "dream" else _write_llada(self)
+        return {"dream": _write_dream, "sdar": _write_sdar, "llada": _write_llada}[self.family](self)
 
     @classmethod
     def from_json_file(cls, path: str | Path) -> "ModelConfig":
@@ -107,22 +127,25 @@ class ModelConfig:
 
 
 def detect_family(cfg: Mapping[str, Any]) -> str:
-    """"llada" or "dream", from config.json's model_type / architectures (key style as a last resort)."""
+    """"llada", "dream" or "sdar", from config.json's model_type / architectures (key style as a last resort)."""
     model_type = cfg.get("model_type")
     archs = cfg.get("architectures") or []
-    by_type = {"llada": "llada", "dream": "dream"}.get(str(model_type).lower()) if model_type is not None else None
+    by_type = ({"llada": "llada", "dream": "dream", "sdar": "sdar"}.get(str(model_type).lower())
+               if model_type is not None else None)
     if model_type is not None and by_type is None:
-        raise ConfigError(f"config.json has model_type={model_type!r}; only LLaDA ('llada') and Dream ('Dream') "
-                          "checkpoints are supported")
+        raise ConfigError(f"config.json has model_type={model_type!r}; only LLaDA ('llada'), Dream ('Dream') and "
+                          "SDAR/TraDo ('sdar') checkpoints are supported")
     arch_text = " ".join(map(str, archs)) if isinstance(archs, list) else str(archs)
-    by_arch = "dream" if "Dream" in arch_text else "llada" if "LLaDA" in arch_text else None
+    by_arch = ("dream" if "Dream" in arch_text else "llada" if "LLaDA" in arch_text
+               else "sdar" if "SDAR" in arch_text else None)
     if by_type and by_arch and by_type != by_arch:
         raise ConfigError(f"config.json contradicts itself: model_type={model_type!r} but architectures={archs!r}")
     if by_type or by_arch:
         return by_type or by_arch
     if "d_model" in cfg:  # LLaDA configs written before model_type was required
         return "llada"
-    raise ConfigError("config.json names no model family: expected model_type 'llada' (LLaDA) or 'Dream' (Dream)")
+    raise ConfigError("config.json names no model family: expected model_type 'llada' (LLaDA), 'Dream' (Dream) "
+                      "or 'sdar' (SDAR, TraDo)")
 
 
 # ---------------------------------------------------------------- typed field readers
@@ -268,7 +291,8 @@ def _write_llada(c: ModelConfig) -> dict[str, Any]:
 # Defaults are those of Dream's configuration_dream.py (used only when config.json omits a key).
 
 
-def _read_dream(cfg: Mapping[str, Any]) -> ModelConfig:
+def _qwen_refusals(cfg: Mapping[str, Any], *, tied_ok: bool) -> list[str]:
+    """What a Qwen2/Qwen3-style config.json may ask for that model.py does not implement."""
     bad = []
     if cfg.get("use_sliding_window"):
         bad.append("use_sliding_window=true (sliding-window attention is not implemented)")
@@ -277,8 +301,8 @@ def _read_dream(cfg: Mapping[str, Any]) -> ModelConfig:
     rope_parameters = cfg.get("rope_parameters")  # transformers >= 5 spelling of the same thing
     if isinstance(rope_parameters, Mapping) and rope_parameters.get("rope_type", "default") != "default":
         bad.append(f"rope_parameters={dict(rope_parameters)!r} (only plain RoPE is implemented)")
-    if cfg.get("tie_word_embeddings"):
-        bad.append("tie_word_embeddings=true (a tied LM head is not implemented)")
+    if cfg.get("tie_word_embeddings") and not tied_ok:
+        bad.append("tie_word_embeddings=true (a tied LM head is not implemented for this family)")
     if cfg.get("use_mrope"):
         bad.append("use_mrope=true (multimodal RoPE is not implemented)")
     if cfg.get("hidden_act", "silu") != "silu":
@@ -286,7 +310,11 @@ def _read_dream(cfg: Mapping[str, Any]) -> ModelConfig:
     layer_types = cfg.get("layer_types")
     if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
         bad.append(f"layer_types={sorted(set(layer_types))!r} (only full attention is implemented)")
-    _refuse(bad)
+    return bad
+
+
+def _read_dream(cfg: Mapping[str, Any]) -> ModelConfig:
+    _refuse(_qwen_refusals(cfg, tied_ok=False))
 
     d_model = _int(cfg, "hidden_size")
     n_heads = _int(cfg, "num_attention_heads")
@@ -334,6 +362,73 @@ def _write_dream(c: ModelConfig) -> dict[str, Any]:
         "sliding_window": None,
         "tie_word_embeddings": False,
         "attention_bias": c.qkv_bias,
+        "mask_token_id": c.mask_token_id,
+        "eos_token_id": c.eos_token_id,
+        "pad_token_id": c.pad_token_id,
+    }
+
+
+# ---------------------------------------------------------------- SDAR / TraDo (Qwen3-style keys)
+# Defaults are those of SDAR's configuration_sdar.py (used only when config.json omits a key).
+
+# The block length SDAR's released chat models were trained with, for a config.json that does not say.
+SDAR_DEFAULT_BLOCK_SIZE = 4
+
+
+def _read_sdar(cfg: Mapping[str, Any]) -> ModelConfig:
+    bad = _qwen_refusals(cfg, tied_ok=True)
+    if cfg.get("attention_bias"):
+        bad.append("attention_bias=true (Qwen3 then biases q/k/v and o; not implemented)")
+    _refuse(bad)
+    d_model = _int(cfg, "hidden_size")
+    n_heads = _int(cfg, "num_attention_heads")
+    if cfg.get("mask_token_id") is None:
+        raise ConfigError("config.json has no mask_token_id (SDAR's tokenizer names it <|MASK|>): convert the "
+                          "checkpoint with `python -m convert SRC OUT`, which reads it from the tokenizer")
+    vocab = _int(cfg, "vocab_size")
+    eos = _int(cfg, "eos_token_id", minimum=0)
+    return ModelConfig(
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=_int(cfg, "num_key_value_heads", default=n_heads),
+        n_layers=_int(cfg, "num_hidden_layers"),
+        mlp_hidden_size=_int(cfg, "intermediate_size"),
+        vocab_size=vocab,
+        embedding_size=vocab,  # as Qwen's: vocab_size counts every embedding row, the tokenizer knows fewer
+        rope_theta=_positive_float(cfg, "rope_theta", 10000.0),
+        rms_norm_eps=_positive_float(cfg, "rms_norm_eps", 1e-6),
+        max_sequence_length=_int(cfg, "max_position_embeddings", default=32768),
+        mask_token_id=_int(cfg, "mask_token_id", minimum=0),
+        eos_token_id=eos,
+        pad_token_id=_int(cfg, "pad_token_id", default=eos, minimum=0),
+        family="sdar",
+        qk_norm=True,
+        explicit_head_dim=_int(cfg, "head_dim", default=d_model // n_heads),
+        tie_word_embeddings=_flag(cfg, "tie_word_embeddings", False),
+        block_size=_int(cfg, "block_size", default=SDAR_DEFAULT_BLOCK_SIZE),
+    )
+
+
+def _write_sdar(c: ModelConfig) -> dict[str, Any]:
+    return {
+        "architectures": ["SDARForCausalLM"],
+        "model_type": "sdar",
+        "hidden_size": c.d_model,
+        "num_attention_heads": c.n_heads,
+        "num_key_value_heads": c.n_kv_heads,
+        "head_dim": c.head_dim,
+        "num_hidden_layers": c.n_layers,
+        "intermediate_size": c.mlp_hidden_size,
+        "vocab_size": c.embedding_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": c.max_sequence_length,
+        "use_sliding_window": False,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "attention_bias": False,
+        "block_size": c.block_size,
         "mask_token_id": c.mask_token_id,
         "eos_token_id": c.eos_token_id,
         "pad_token_id": c.pad_token_id,

@@ -1,4 +1,4 @@
-"""Convert a Hugging Face checkpoint (safetensors) of either family into a localleap-jax checkpoint.
+"""Convert a Hugging Face checkpoint (safetensors) of any family (LLaDA, Dream, SDAR) into a localleap-jax checkpoint.
 
     convert(src, out, dtype="source", family=None)   # family None: whatever config.json says
     resolve_checkpoint(name)                         # "embedded", a directory, or a hub id (converted once)
@@ -30,18 +30,19 @@ import ml_dtypes
 import numpy as np
 from tqdm import tqdm
 
-from localleap_jax.checkpoint import (EMBEDDED, CheckpointError, abstract_params, atomic_directory,
+from localleap_jax.checkpoint import (EMBEDDED, EMBEDDED_SDAR, CheckpointError, abstract_params, atomic_directory,
                                      check_output_path, write_checkpoint_files)
 from localleap_jax.config import ConfigError, ModelConfig
 from localleap_jax.errors import first_line
 from localleap_jax.families import tensor_map
 from localleap_jax.hashing import sha256_file
+from localleap_jax.tokenizer import SDAR_MASK_TOKEN
 
 _DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32, "F64": np.float64}
 _OUT_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _HUB_PATTERNS = ["*.safetensors", "*.json", "tokenizer*", "*.jinja", "merges.txt"]
-FAMILY_NAMES = {"llada": "LLaDA", "dream": "Dream"}
+FAMILY_NAMES = {"llada": "LLaDA", "dream": "Dream", "sdar": "SDAR"}
 CACHE_DIR = Path("~/.cache/localleap_jax/checkpoints").expanduser()
 
 
@@ -117,9 +118,41 @@ def read_source_config(local: Path) -> tuple[dict, ModelConfig]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConversionError(f"{local}/config.json is not valid JSON: {e}") from None
     try:
+        if isinstance(hf_config, dict) and str(hf_config.get("model_type", "")).lower() == "sdar":
+            hf_config = _complete_sdar_config(local, hf_config)
         return hf_config, ModelConfig.from_hf_dict(hf_config)
     except ConfigError as e:
         raise ConversionError(str(e)) from None
+
+
+
+def _complete_sdar_config(local: Path, hf_config: dict) -> dict:
+    """SDAR's config.json names neither its mask id (the tokenizer's <|MASK|>) nor, in every release, its
+    block size: the converted checkpoint's config.json states both, so loading it needs nothing else."""
+    from localleap_jax.config import SDAR_DEFAULT_BLOCK_SIZE
+
+    out = dict(hf_config)
+    out.setdefault("block_size", SDAR_DEFAULT_BLOCK_SIZE)
+    if out.get("mask_token_id") is None:
+        found = _added_token_id(local / "tokenizer.json", SDAR_MASK_TOKEN)
+        if found is None:  # the slow layout: {"<|MASK|>": 151669, ...}
+            try:
+                found = json.loads((local / "added_tokens.json").read_text()).get(SDAR_MASK_TOKEN)
+            except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+                found = None
+        if not isinstance(found, int):
+            raise ConfigError(f"config.json has no mask_token_id and {local}/tokenizer.json has no {SDAR_MASK_TOKEN} "
+                              "token: set mask_token_id in config.json")
+        out["mask_token_id"] = found
+    return out
+
+
+def _added_token_id(tokenizer_json: Path, content: str) -> int | None:
+    try:
+        added = json.loads(tokenizer_json.read_text()).get("added_tokens", [])
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return None
+    return next((t.get("id") for t in added if isinstance(t, dict) and t.get("content") == content), None)
 
 
 def find_shards(src: Path) -> list[Path]:
@@ -293,13 +326,14 @@ def convert(src: str, out: str, dtype: str = "source", revision: str | None = No
 
 
 def resolve_checkpoint(name: str | Path | None) -> Path:
-    """A checkpoint directory from a name: None/"embedded" (the shipped small model), a directory,
-    or a hub id such as GSAI-ML/LLaDA-8B-Instruct or Dream-org/Dream-v0-Instruct-7B (converted once
-    into a cache, then reused)."""
-    if name is None or str(name) in ("", "embedded"):
-        if not (EMBEDDED / "manifest.json").exists():
-            raise CheckpointError(f"the embedded model is missing ({EMBEDDED}); reinstall the package")
-        return EMBEDDED
+    """A checkpoint directory from a name: None/"embedded" (the shipped small model), "embedded-sdar" (its
+    block-diffusion twin), a directory, or a hub id such as GSAI-ML/LLaDA-8B-Instruct or
+    Dream-org/Dream-v0-Instruct-7B (converted once into a cache, then reused)."""
+    if name is None or str(name) in ("", "embedded", "embedded-sdar"):
+        path = EMBEDDED_SDAR if str(name) == "embedded-sdar" else EMBEDDED
+        if not (path / "manifest.json").exists():
+            raise CheckpointError(f"the embedded model is missing ({path}); reinstall the package")
+        return path
     if not is_hub_id(name):
         return Path(name).expanduser()
     return cached_conversion(str(name))
@@ -308,7 +342,7 @@ def resolve_checkpoint(name: str | Path | None) -> Path:
 def is_hub_id(name: str | Path | None) -> bool:
     """Whether `name` reads as a hub id (owner/repo) rather than a local path: no such path exists, one
     slash, and it does not start like a path (".", "/", "~")."""
-    if name is None or str(name) in ("", "embedded"):
+    if name is None or str(name) in ("", "embedded", "embedded-sdar"):
         return False
     text = str(name)
     return not Path(text).expanduser().exists() and text.count("/") == 1 and not text.startswith((".", "/", "~"))

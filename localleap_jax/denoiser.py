@@ -7,6 +7,7 @@ model family only has to provide a denoiser:
     full(x, positions, key_mask)                     -> (hidden [B, L, D], cache)   a whole-canvas pass
     window(tokens, positions, key_mask, cache, write) -> hidden [B, Q, D]           Q positions of the
                                                          canvas, other positions' K/V read from `cache`
+    window_stored(...same...)                         -> (hidden, cache with the window's fresh K/V)
     head(hidden)                                      -> logits [..., V] (fp32)
     empty_cache(batch, length)                        -> the cache's initial value
 
@@ -24,7 +25,7 @@ from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
 from localleap_jax.config import ModelConfig
-from localleap_jax.model import CacheWrite, KVCache, Params, head, trunk, trunk_cached
+from localleap_jax.model import CacheWrite, KVCache, Params, head, trunk, trunk_cached, trunk_stored
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,9 @@ class Denoiser(Protocol):
     def window(self, tokens: Int[Array, "B Q"], positions: Int[Array, "B Q"], key_mask: Bool[Array, "B L"],
                cache: Any, write: CacheWrite) -> Float[Array, "B Q D"]: ...
 
+    def window_stored(self, tokens: Int[Array, "B Q"], positions: Int[Array, "B Q"], key_mask: Bool[Array, "B L"],
+                      cache: Any, write: CacheWrite) -> tuple[Float[Array, "B Q D"], Any]: ...
+
     def head(self, hidden: Float[Array, "... D"]) -> Float[Array, "... V"]: ...
 
     def empty_cache(self, batch: int, length: int) -> Any: ...
@@ -61,7 +65,7 @@ class Denoiser(Protocol):
 
 @struct.dataclass
 class ModelDenoiser:
-    """A LLaDA/Dream parameter tree and its config (model.py's pure functions)."""
+    """A LLaDA/Dream/SDAR parameter tree and its config (model.py's pure functions)."""
 
     params: Params
     config: ModelConfig = struct.field(pytree_node=False)
@@ -72,13 +76,16 @@ class ModelDenoiser:
 
     @property
     def vocab(self) -> int:
-        return self.params["ff_out"]["kernel"].shape[-1]
+        return self.config.embedding_size
 
     def full(self, x, positions, key_mask):
         return trunk(self.params, x, positions, key_mask, self.config)
 
     def window(self, tokens, positions, key_mask, cache, write):
         return trunk_cached(self.params, tokens, positions, key_mask, cache, write, self.config)
+
+    def window_stored(self, tokens, positions, key_mask, cache, write):
+        return trunk_stored(self.params, tokens, positions, key_mask, cache, write, self.config)
 
     def head(self, hidden):
         return head(self.params, hidden, self.config)
@@ -107,11 +114,14 @@ class FunctionDenoiser:
         return self.logits_fn(x).astype(jnp.float32), x
 
     def window(self, tokens, positions, key_mask, cache, write):
+        return self.window_stored(tokens, positions, key_mask, cache, write)[0]
+
+    def window_stored(self, tokens, positions, key_mask, cache, write):
         Q = tokens.shape[1]
         at = write.start[:, None] + jnp.arange(Q)
         rows = jnp.arange(tokens.shape[0])[:, None]
         seen = cache.at[rows, at].set(jnp.where(write.fresh, tokens, cache[rows, at]))
-        return self.logits_fn(seen).astype(jnp.float32)[rows, at]
+        return self.logits_fn(seen).astype(jnp.float32)[rows, at], seen
 
     def head(self, hidden):
         return hidden

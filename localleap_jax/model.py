@@ -1,10 +1,12 @@
-"""The diffusion LM transformer (LLaDA and Dream) in Flax Linen.
+"""The diffusion LM transformer (LLaDA, Dream and SDAR) in Flax Linen.
 
-A Llama block with bidirectional attention: RMSNorm -> attention with RoPE -> residual,
-RMSNorm -> SwiGLU -> residual; final RMSNorm and an untied LM head. The two families differ only
-in configuration: Dream (a Qwen2.5 block) adds biases to the q/k/v projections and uses its own
-norm eps and RoPE theta; and Dream's logits lag by one position (`ModelConfig.logits_shift`),
-which `forward` applies and `trunk`/`head` leave to the caller.
+A Llama block: RMSNorm -> attention with RoPE -> residual, RMSNorm -> SwiGLU -> residual; final RMSNorm and
+an LM head. The families differ only in configuration: Dream (a Qwen2.5 block) adds biases to the q/k/v
+projections and uses its own norm eps and RoPE theta, and its logits lag by one position
+(`ModelConfig.logits_shift`), which `forward` applies and `trunk`/`head` leave to the caller. SDAR (a Qwen3
+block) normalises each head of q and k before RoPE, may tie its head to the embedding, and attends
+block-causally (`ModelConfig.block_size`): a query sees the keys of its own block and of earlier ones, on
+each row's grid from its first real token. LLaDA and Dream attend bidirectionally.
 
 Why Linen: parameters are a plain pytree, so Orbax saves and restores them as-is, `pmap`
 replicates them and `lax.while_loop` closes over them without any split/merge step, and
@@ -20,6 +22,7 @@ once per shape instead of dispatching op by op, and inside one it simply inlines
   trunk(params, tokens, positions, key_mask, ...)  -> hidden [B, L, D] (+ per-layer K/V)
   trunk_cached(...)                                 -> hidden for a window of queries that
                                                        read the other positions' K/V from a cache
+  trunk_stored(...)                                 -> the same, and the cache with the window's K/V
   head(params, hidden)                              -> logits for only the positions given
                                                        (per hidden position: never shifted)
 """
@@ -38,7 +41,8 @@ from jaxtyping import Array, Bool, Float, Int
 
 from localleap_jax.config import ModelConfig
 
-Params = dict  # the Linen parameter tree: {"wte", "blocks", "ln_f", "ff_out"} (q/k/v "bias" with qkv_bias)
+Params = dict  # the Linen parameter tree: {"wte", "blocks", "ln_f", "ff_out"} (q/k/v "bias" with qkv_bias,
+# "q_norm"/"k_norm" with qk_norm, no "ff_out" with a tied head)
 
 
 class KVCache(NamedTuple):
@@ -99,10 +103,25 @@ def attention_implementation(dtype_name: str, head_dim: int) -> str:
 
 
 def attention(q: Float[Array, "B T N H"], k: Float[Array, "B S K H"], v: Float[Array, "B S K H"],
-              key_mask: Bool[Array, "B S"]) -> Float[Array, "B T N H"]:
-    """Bidirectional attention; padding keys are masked out (softmax in fp32)."""
-    impl = attention_implementation(jnp.dtype(q.dtype).name, q.shape[-1])
-    return jax.nn.dot_product_attention(q, k, v, mask=key_mask[:, None, None, :], implementation=impl)
+              mask: Bool[Array, "B #T S"]) -> Float[Array, "B T N H"]:
+    """Attention where mask[b, t, s] says query t may see key s (a [B, S] key mask: every query alike;
+    softmax in fp32)."""
+    if mask.ndim == 2:
+        mask = mask[:, None, :]
+    # The cuDNN probe covers a key-padding mask only; a block-causal one takes XLA's path.
+    impl = attention_implementation(jnp.dtype(q.dtype).name, q.shape[-1]) if mask.shape[1] == 1 else "xla"
+    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation=impl)
+
+
+def attention_mask(query_positions: Int[Array, "B T"], key_mask: Bool[Array, "B S"], block_size: int
+                   ) -> Bool[Array, "B #T S"]:
+    """Which keys each query sees: every real key (block_size 0), or the real keys of its own block and
+    earlier ones on the row's grid (block diffusion). Key positions follow from the key mask (the canvas'
+    RoPE positions start at each row's first real token), so a window of queries needs no more than this."""
+    if not block_size:
+        return key_mask[:, None, :]
+    key_block = positions_from_mask(key_mask) // block_size
+    return key_mask[:, None, :] & (key_block[:, None, :] <= (query_positions // block_size)[:, :, None])
 
 
 def positions_from_mask(mask: Bool[Array, "B L"]) -> Int[Array, "B L"]:
@@ -133,7 +152,7 @@ class Block(nn.Module):
     param_dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, x, positions, key_mask, write, layer_cache):
+    def __call__(self, x, positions, mask, write, layer_cache):
         c = self.config
         dense = functools.partial(nn.Dense, use_bias=False, kernel_init=_init,
                                   param_dtype=self.param_dtype, dtype=x.dtype)
@@ -143,12 +162,15 @@ class Block(nn.Module):
         q = qkv(c.n_heads * c.head_dim, name="q_proj")(h).reshape(B, T, c.n_heads, c.head_dim)
         k = qkv(c.n_kv_heads * c.head_dim, name="k_proj")(h).reshape(B, T, c.n_kv_heads, c.head_dim)
         v = qkv(c.n_kv_heads * c.head_dim, name="v_proj")(h).reshape(B, T, c.n_kv_heads, c.head_dim)
+        if c.qk_norm:  # Qwen3: each head of q and k normalised before RoPE
+            q = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype, name="q_norm")(q)
+            k = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype, name="k_norm")(k)
         q, k = rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta)
         if layer_cache:  # queries are a window of the canvas; the other keys come from the cache
             k_all, v_all = (_write_window(cached, new, write) for cached, new in zip(layer_cache, (k, v)))
         else:
             k_all, v_all = k, v
-        o = attention(q, k_all, v_all, key_mask).reshape(B, T, c.n_heads * c.head_dim)
+        o = attention(q, k_all, v_all, mask).reshape(B, T, c.n_heads * c.head_dim)
         x = x + dense(c.d_model, name="attn_out")(o)
         h = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype, name="ff_norm")(x)
         gated = nn.silu(dense(c.mlp_hidden_size, name="ff_proj")(h)) * dense(c.mlp_hidden_size, name="up_proj")(h)
@@ -194,18 +216,25 @@ class DiffusionLM(nn.Module):
             length=c.n_layers,
         )(c, self.param_dtype)
         self.ln_f = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype)
-        self.ff_out = LMHead(c.embedding_size, param_dtype=self.param_dtype)
+        if not c.tie_word_embeddings:
+            self.ff_out = LMHead(c.embedding_size, param_dtype=self.param_dtype)
 
     def __call__(self, tokens, positions, key_mask):
         h, _ = self.trunk(tokens, positions, key_mask)
         return self.head(h)
 
-    def trunk(self, tokens, positions, key_mask, write=(), cache=()):
+    def trunk(self, tokens, positions, key_mask, write=(), cache=(), mask=None):
         x = self.wte(tokens)
-        return self.blocks(x, positions, key_mask, write, cache)
+        if mask is None:
+            mask = attention_mask(positions, key_mask, self.config.block_size)
+        return self.blocks(x, positions, mask, write, cache)
 
     def head(self, h):
-        return self.ff_out(self.ln_f(h))
+        h = self.ln_f(h)
+        if self.config.tie_word_embeddings:  # the embedding matrix is the head (fp32 accumulation as LMHead)
+            return jnp.einsum("...d,vd->...v", h, self.wte.embedding.astype(h.dtype),
+                              preferred_element_type=jnp.float32)
+        return self.ff_out(h)
 
 
 # ---------------------------------------------------------------- pure boundary functions
@@ -232,6 +261,16 @@ def trunk(params: Params, tokens: Int[Array, "B L"], positions: Int[Array, "B L"
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
+def trunk_masked(params: Params, tokens: Int[Array, "B L"], positions: Int[Array, "B L"],
+                 mask: Bool[Array, "B L L"], config: ModelConfig) -> Float[Array, "B L D"]:
+    """Hidden states under an explicit attention mask (mask[b, q, k]: query q sees key k), for training
+    objectives whose sequences are not one canvas (block diffusion's clean and noisy copies side by side)."""
+    h, _ = _module(params, config).apply({"params": params}, tokens, positions, None, mask=mask,
+                                         method=DiffusionLM.trunk)
+    return h
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
 def trunk_cached(params: Params, tokens: Int[Array, "B Q"], positions: Int[Array, "B Q"],
                  key_mask: Bool[Array, "B L"], cache: KVCache, write: CacheWrite,
                  config: ModelConfig) -> Float[Array, "B Q D"]:
@@ -243,6 +282,18 @@ def trunk_cached(params: Params, tokens: Int[Array, "B Q"], positions: Int[Array
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
+def trunk_stored(params: Params, tokens: Int[Array, "B Q"], positions: Int[Array, "B Q"],
+                 key_mask: Bool[Array, "B L"], cache: KVCache, write: CacheWrite,
+                 config: ModelConfig) -> tuple[Float[Array, "B Q D"], KVCache]:
+    """`trunk_cached`, and the cache with the window's fresh K/V written into it (block diffusion keeps a
+    finished block's K/V: they never change)."""
+    h, (k, v) = _module(params, config).apply({"params": params}, tokens, positions, key_mask, write,
+                                              (cache.k, cache.v), method=DiffusionLM.trunk)
+    store = jax.vmap(_write_window, in_axes=(0, 0, None))  # over layers
+    return h, KVCache(store(cache.k, k, write), store(cache.v, v, write))
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
 def head(params: Params, hidden: Float[Array, "... D"], config: ModelConfig) -> Float[Array, "... V"]:
     """Final RMSNorm + LM head, in fp32 logits, for only the positions passed in."""
     return _module(params, config).apply({"params": params}, hidden, method=DiffusionLM.head)
@@ -251,8 +302,8 @@ def head(params: Params, hidden: Float[Array, "... D"], config: ModelConfig) -> 
 @functools.partial(jax.jit, static_argnames=("config",))
 def forward(params: Params, tokens: Int[Array, "B L"], mask: Bool[Array, "B L"] | None,
             config: ModelConfig) -> Float[Array, "B L V"]:
-    """Bidirectional logits for every position, logit i scoring the token at i (for Dream: the
-    head's output at i-1, see `shift_logits`); `mask` marks real (non-padding) tokens."""
+    """Logits for every position, logit i scoring the token at i (for Dream: the head's output at i-1, see
+    `shift_logits`); `mask` marks real (non-padding) tokens. Bidirectional, or block-causal for SDAR."""
     if mask is None:
         mask = jnp.ones(tokens.shape, bool)
     mask = mask.astype(bool)

@@ -189,6 +189,29 @@ class LowConfidence(Rule):
         return {i: "schedule" for i in _by(conf, cand, True)[:self.quota(step)]}
 
 
+class Dynamic(Rule):
+    """SDAR's low_confidence_dynamic (JetAstra/SDAR generate.py): every candidate with conf > threshold (strict)
+    when there are at least the schedule's quota of them, else the quota most confident. Candidates only
+    (SDAR's top-k over the whole block may pick decoded positions when fewer masks remain than the quota)."""
+
+    name, clauses, uses_schedule = "dynamic", ("threshold", "schedule"), True
+    commits_top1 = False  # the schedule's quota (>= 1) commits, or at least that many over the threshold
+    defaults = {"threshold": 0.85, "steps": None}
+
+    def validate(self):
+        _check_steps(self)
+        if not (_is_real(self.threshold) and 0.0 <= self.threshold <= 1.0):
+            raise ValueError(f"threshold={self.threshold!r} must be in [0, 1]")
+        return self
+
+    def _select(self, step, cand, probs, pred, conf, margin, entropy, top1):
+        quota = self.quota(step)
+        over = [i for i in cand if conf[i] > self.threshold]
+        if len(over) >= quota:
+            return {i: "threshold" for i in over}
+        return {i: "schedule" for i in _by(conf, cand, True)[:quota]}
+
+
 class Threshold(Rule):
     """Fast-dLLM: the most confident candidate, plus every candidate with conf >= kappa
     (NVlabs/Fast-dLLM llada/generate.py, get_transfer_index with threshold)."""
@@ -393,8 +416,8 @@ class Stable(Rule):
         return {i: "stable" for i in cand if self.run[i] >= self.k and conf[i] >= self.c_min}
 
 
-RULES: dict[str, type[Rule]] = {r.name: r for r in (LowConfidence, Threshold, LocalLeap, Factor, EntropyBounded,
-                                                     Margin, Entropy, Klass, Stable)}
+RULES: dict[str, type[Rule]] = {r.name: r for r in (LowConfidence, Dynamic, Threshold, LocalLeap, Factor,
+                                                     EntropyBounded, Margin, Entropy, Klass, Stable)}
 
 
 def make(name: str, **settings) -> Rule:

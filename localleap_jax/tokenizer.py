@@ -156,14 +156,14 @@ def make_tokenizer(texts: Iterable[str], vocab_size: int = 512, family: str = "l
 
     llada: specials first (ids 0..5), LLaDA's chat template. dream: the BPE ids first and the
     ChatML specials after them (<|endoftext|>, <|im_start|>, <|im_end|>, <|mask|>), as in Qwen2's
-    vocabulary, with a ChatML template. Digits are split one per token so arithmetic is learnable
+    vocabulary, with a ChatML template. sdar: the same with SDAR's mask token <|MASK|>. Digits are split one per token so arithmetic is learnable
     by a small model. Returns a transformers PreTrainedTokenizerFast (save it with `save_pretrained`).
     """
     from tokenizers import Tokenizer as RawTokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    if family == "dream":
-        return _make_chatml_tokenizer(texts, vocab_size)
+    if family in ("dream", "sdar"):
+        return _make_chatml_tokenizer(texts, vocab_size, DREAM_MASK_TOKEN if family == "dream" else SDAR_MASK_TOKEN)
     specials = [EOS_TOKEN, BOS_TOKEN, MASK_TOKEN, EOT_TOKEN, *HEADER_TOKENS]
     raw = RawTokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.Sequence([
@@ -182,13 +182,14 @@ def make_tokenizer(texts: Iterable[str], vocab_size: int = 512, family: str = "l
 
 
 DREAM_MASK_TOKEN = "<|mask|>"
+SDAR_MASK_TOKEN = "<|MASK|>"
 
 
-def _make_chatml_tokenizer(texts: Iterable[str], vocab_size: int):
+def _make_chatml_tokenizer(texts: Iterable[str], vocab_size: int, mask_token: str):
     from tokenizers import Tokenizer as RawTokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    specials = [EOS_TOKEN, IM_START, IM_END, DREAM_MASK_TOKEN]
+    specials = [EOS_TOKEN, IM_START, IM_END, mask_token]
     raw = RawTokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
@@ -200,7 +201,7 @@ def _make_chatml_tokenizer(texts: Iterable[str], vocab_size: int):
     raw.train_from_iterator(texts, trainer=trainer)
     raw.add_special_tokens(specials)  # ids right after the BPE ones, in Qwen2's order
     tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN,
-                                  mask_token=DREAM_MASK_TOKEN, additional_special_tokens=[IM_START, IM_END])
+                                  mask_token=mask_token, additional_special_tokens=[IM_START, IM_END])
     tok.chat_template = CHATML_CHAT_TEMPLATE
     return tok
 

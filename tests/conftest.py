@@ -13,8 +13,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 from hypothesis import settings
 
-from helpers import (REPO, TOKENIZER_CORPUS, random_dream_tensors, random_llada_tensors, tiny_dream_config,
-                     tiny_hf_config, write_dream_checkpoint, write_hf_checkpoint)
+from helpers import (REPO, TOKENIZER_CORPUS, random_dream_tensors, random_llada_tensors, random_sdar_tensors,
+                     tiny_dream_config, tiny_hf_config, tiny_sdar_config, write_dream_checkpoint, write_hf_checkpoint)
 
 # The same examples on every run and machine, and no local example database: a property must hold on
 # what CI draws, not on what an earlier local run happened to remember (fixed boundary cases are @examples).
@@ -94,6 +94,21 @@ def dream_converted(tmp_path_factory, dream_hf_checkpoint):
 
     out = tmp_path_factory.mktemp("conv") / "tiny-dream"
     convert(str(dream_hf_checkpoint[0]), str(out), progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def sdar_converted(tmp_path_factory):
+    """A 3-layer fp32 SDAR-layout checkpoint (block 4, GQA, head_dim 24, sharp head) converted by convert.sdar."""
+    from convert.sdar import convert
+    from localleap_jax.tokenizer import make_tokenizer
+
+    tok = make_tokenizer(TOKENIZER_CORPUS, vocab_size=300, family="sdar")
+    cfg = tiny_sdar_config(320, tok.eos_token_id)
+    src = write_hf_checkpoint(tmp_path_factory.mktemp("hf") / "tiny-sdar", cfg,
+                              random_sdar_tensors(cfg, seed=1, head_scale=12.0), tok)
+    out = tmp_path_factory.mktemp("conv") / "tiny-sdar"
+    convert(str(src), str(out), progress=False)
     return out
 
 

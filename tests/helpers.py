@@ -146,3 +146,47 @@ def write_dream_checkpoint(path: Path, cfg: dict, tensors: dict, tokenizer, **kw
     write_hf_checkpoint(path, cfg, tensors, tokenizer=None, **kw)
     save_like_dream(tokenizer, path)
     return path
+
+
+# ---------------------------------------------------------------- SDAR (Qwen3 layout, block diffusion)
+
+
+def tiny_sdar_config(rows: int, eos_id: int, **overrides) -> dict:
+    """An SDAR config.json of JetLM/SDAR-4B-Chat's form at a tiny size: GQA (4 query heads over 2 KV heads),
+    head_dim 24 != hidden / heads, and like the released config no mask_token_id, pad id or block_size (the
+    converter reads the mask id from the tokenizer and states the block size)."""
+    cfg = {
+        "architectures": ["SDARForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "auto_map": {"AutoConfig": "configuration_sdar.SDARConfig", "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
+        "bos_token_id": eos_id, "eos_token_id": eos_id, "head_dim": 24, "hidden_act": "silu", "hidden_size": 64,
+        "initializer_range": 0.02, "intermediate_size": 96, "max_position_embeddings": 512, "max_window_layers": 3,
+        "model_type": "sdar", "num_attention_heads": 4, "num_hidden_layers": 3, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": None,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False,
+        "vocab_size": rows,
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def random_sdar_tensors(cfg: dict, seed: int = 0, head_scale: float = 1.0) -> dict:
+    """SDAR-named torch tensors (fp32); q/k norm scales far from one so a dropped norm shows in the logits.
+    A tied config gets no lm_head.weight (as a tied checkpoint has none)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    d, f, v, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    rnd = lambda *s, std=0.05: torch.randn(*s, generator=g) * std  # noqa: E731
+    t = {"model.embed_tokens.weight": rnd(v, d, std=1.0), "model.norm.weight": 1 + rnd(d, std=0.1)}
+    if not cfg.get("tie_word_embeddings"):
+        t["lm_head.weight"] = rnd(v, d, std=0.05 * head_scale)
+    for i in range(cfg["num_hidden_layers"]):
+        b = f"model.layers.{i}."
+        t |= {b + "input_layernorm.weight": 1 + rnd(d, std=0.1), b + "post_attention_layernorm.weight": 1 + rnd(d, std=0.1),
+              b + "self_attn.q_proj.weight": rnd(q, d, std=0.2), b + "self_attn.k_proj.weight": rnd(kv, d, std=0.2),
+              b + "self_attn.v_proj.weight": rnd(kv, d, std=0.2), b + "self_attn.o_proj.weight": rnd(d, q, std=0.1),
+              b + "self_attn.q_norm.weight": 1 + rnd(hd, std=0.5), b + "self_attn.k_norm.weight": 1 + rnd(hd, std=0.5),
+              b + "mlp.gate_proj.weight": rnd(f, d, std=0.1), b + "mlp.up_proj.weight": rnd(f, d, std=0.1),
+              b + "mlp.down_proj.weight": rnd(d, f, std=0.1)}
+    return t

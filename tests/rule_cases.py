@@ -142,6 +142,20 @@ CASES: list[Case] = [
          (Step(conf=(0.9375, 0.75, 0.5), expect={0: "top1", 1: "relaxed"}),)),
     Case("localleap/tau_equal_kappa", "localleap", {"kappa": 0.75, "tau": 0.75, "radius": 1},
          (Step(conf=(0.75, 0.5, 0.75), expect={0: "top1", 2: "anchor"}),)),
+    # ---------------------------------------------------------------- dynamic (SDAR)
+    Case("dynamic/strictly_above_and_enough", "dynamic", {"threshold": 0.75, "steps": 4},
+         (Step(conf=(0.875, 0.75, 0.5, 0.25, 0.9375, 0.5, 0.75, 0.125), quota=2,
+               expect={0: "threshold", 4: "threshold"}),),
+         note="8 over 4 steps: quota 2; 0.875 and 0.9375 are above 0.75, the two at exactly 0.75 are not (SDAR's >)"),
+    Case("dynamic/too_few_above_takes_the_schedule", "dynamic", {"threshold": 0.75, "steps": 4},
+         (Step(conf=(0.5, 0.875, 0.75, 0.25, 0.5, 0.5, 0.75, 0.125), quota=2,
+               expect={1: "schedule", 2: "schedule"}),),
+         note="only 0.875 is above: fewer than the quota 2, so the 2 most confident (0.75 tie: position 2 first)"),
+    Case("dynamic/quota_past_the_masks_commits_only_masks", "dynamic", {"threshold": 0.75, "steps": 2},
+         (Step(conf=(0.9375, 0.25, 0.875, 0.5, 0.5, 0.5, 0.5, 0.5), candidates=(1, 3), quota=4,
+               expect={1: "schedule", 3: "schedule"}),),
+         note="quota 4 with two masks left: both commit and nothing else (SDAR's top-k would also overwrite "
+              "the decoded positions 0 and 2)"),
     # ---------------------------------------------------------------- factor
     Case("factor/equality_at_rank_3", "factor", {"f": 1.0},
          (Step(conf=(0.75, 0.9375, 0.5, 0.875, 0.75), expect={1: "top1", 3: "factor", 0: "factor"}),),
@@ -287,6 +301,7 @@ CASES: list[Case] = [
 EVERY_RULE = {
     "low_confidence": dict(steps=16),
     "threshold": dict(kappa=0.8),
+    "dynamic": dict(threshold=0.8, steps=16),
     "localleap": dict(kappa=0.9, tau=0.6, radius=3),
     "factor": dict(f=1.0),
     "eb": dict(gamma=0.3),

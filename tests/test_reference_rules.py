@@ -96,14 +96,14 @@ def test_the_table_is_exact_in_float32():
     ("stable", {"k": 0}, r"k=0 must be an integer >= 1"),
     ("stable", {"c_min": 1.25}, r"c_min=1.25 must lie in \[0, 1\]"),
     ("stable", {"kappa": 0.9}, r"stable has no setting kappa; its settings are k, c_min"),
-    ("greedy", {}, r"unknown rule 'greedy'; choose from eb, entropy, factor, klass"),
+    ("greedy", {}, r"unknown rule 'greedy'; choose from dynamic, eb, entropy, factor, klass"),
 ])
 def test_bad_settings_are_refused(name, settings, message):
     with pytest.raises(ValueError, match=message):
         R.make(name, **settings)
 
 
-@pytest.mark.parametrize("name", ["low_confidence", "margin", "entropy", "klass"])
+@pytest.mark.parametrize("name", ["low_confidence", "dynamic", "margin", "entropy", "klass"])
 def test_steps_must_fit_the_decode_shape(name):
     with pytest.raises(ValueError, match=r"steps=6 is not a multiple of the number of blocks \(4\)"):
         R.make(name, steps=6).bind(gen_length=32, block_length=8)
@@ -117,6 +117,7 @@ def test_steps_must_fit_the_decode_shape(name):
 def test_defaults_are_valid_and_the_documented_ones(name):
     want = {"low_confidence": {"steps": None}, "threshold": {"kappa": 0.9},
             "localleap": {"kappa": 0.9, "tau": 0.75, "radius": 4}, "factor": {"f": 1.0}, "eb": {"gamma": 0.01},
+            "dynamic": {"threshold": 0.85, "steps": None},
             "margin": {"steps": None}, "entropy": {"steps": None},
             "klass": {"tau_c": 0.9, "tau_kl": 0.01, "history": 2, "steps": None}, "stable": {"k": 2, "c_min": 0.5}}
     assert R.make(name).settings == want[name]

@@ -1,7 +1,7 @@
 """Cache policies: what each forward pass of the loop computes, and what it keeps for the next.
 
     state = policy.init(denoiser, canvas)
-    refresh = policy.refreshes(done, step_in_block)          # this pass runs the whole canvas
+    refresh = policy.refreshes(done, step_in_block, block)   # this pass refreshes what the policy keeps
     hidden = policy.forward(denoiser, canvas, x, block, state, refresh, want_region)
 
 `hidden.block` are the hidden states that predict each row's current block; `hidden.region` those that
@@ -12,13 +12,21 @@ None). A new mode is a new policy object here; the loop never branches on which 
   prefix  Fast-dLLM's prefix cache: a full pass when a block starts stores every layer's K/V; later passes
           run the generated region from the block on, reading the cached K/V before it
   dual    Fast-dLLM's dual cache: as prefix, but later passes run only the block (the suffix is cached too)
+  block   block diffusion's exact cache (SDAR): attention is block-causal, so the K/V of a finished block
+          never change. The prompt's whole blocks are prefilled once; each pass runs only the current
+          block; a finished block's K/V are stored by the next block's first pass, which runs both blocks
+          (SDAR's loop spends a separate forward on that store). Rows advance on their own.
 
-With a cache the rows advance through blocks together (`advances`), so one full-canvas refresh per
-block serves the whole batch. The cost: a row that fills its block early waits (no commits, no NFE) while
+With Fast-dLLM's caches (prefix, dual) the rows advance through blocks together (`advances`), so one
+full-canvas refresh per block serves the whole batch. The cost: a row that fills its block early waits (no commits, no NFE) while
 the batch still runs forward passes for the slowest row, so the batch makes sum over blocks of the slowest
 row's steps passes instead of the slowest row's total. The alternative, refreshing all rows whenever any row
 starts a block, turns most passes into full forwards once rows drift apart at B > 1. bench_decode.py reports
 both the passes and the full passes.
+
+With the block cache rows advance on their own (nothing is refreshed for the batch). Its one shared cost: a
+pass is one block wide, or two when any working row starts a block and stores the one before, so once rows
+drift apart at B > 1 most passes are two blocks wide (experiments/bench_sdar.py reports how many).
 """
 
 from __future__ import annotations
@@ -45,7 +53,8 @@ class CachePolicy(Protocol):
 
     def init(self, denoiser, canvas: Canvas) -> Any: ...
 
-    def refreshes(self, done: Bool[Array, "B"], step_in_block: Int[Array, "B"]) -> Bool[Array, ""]: ...
+    def refreshes(self, done: Bool[Array, "B"], step_in_block: Int[Array, "B"], block: Int[Array, "B"]
+                  ) -> Bool[Array, ""]: ...
 
     def forward(self, denoiser, canvas: Canvas, x: Int[Array, "B L"], block: Block, state: Any,
                 refresh: Bool[Array, ""], want_region: bool) -> Hidden: ...
@@ -75,7 +84,7 @@ class NoCache:
     def advances(self, done, block_full):
         return block_full & ~done, block_full
 
-    def refreshes(self, done, step_in_block):
+    def refreshes(self, done, step_in_block, block):
         return jnp.bool_(True)
 
     def forward(self, denoiser, canvas, x, block, state, refresh, want_region):
@@ -98,7 +107,7 @@ class _RefreshedPerBlock:
         moved = jnp.all(done | block_full)
         return jnp.broadcast_to(moved & ~done, block_full.shape), moved
 
-    def refreshes(self, done, step_in_block):
+    def refreshes(self, done, step_in_block, block):
         return jnp.any(~done & (step_in_block == 0))
 
     def forward(self, denoiser, canvas, x, block, state, refresh, want_region):
@@ -156,5 +165,53 @@ class DualCache(_RefreshedPerBlock):
         return h[:, :T], None
 
 
-CACHE_POLICIES: dict[str, CachePolicy] = {p.name: p for p in (NoCache(), PrefixCache(), DualCache())}
+@dataclasses.dataclass(frozen=True)
+class BlockCache:
+    """The exact cache of a block-causal model: K/V of every finished block, read by the blocks after it.
+
+    `refresh` marks the passes that also store the finished previous block (a row's first pass in a block
+    after its first): they run a window of two blocks, the previous one with its final tokens (its K/V depend
+    only on itself and earlier blocks, so they are exact) and the current one. Every other pass runs the
+    current block alone. The window's K/V are always written to the cache; the current block's are rewritten
+    by every pass until its final tokens are stored.
+    """
+
+    name: ClassVar[str] = "block"
+
+    def init(self, denoiser, canvas):
+        # Prefill: the prompt region [0, P) once. Its whole blocks see only themselves and earlier blocks, so
+        # their K/V are final; the partial last block is the first decoded block, rewritten by every pass.
+        B, P = canvas.batch, canvas.prompt_length
+        write = CacheWrite(jnp.zeros((B,), jnp.int32), jnp.ones((B, P), bool))
+        _, cache = denoiser.window_stored(canvas.x0[:, :P], canvas.positions[:, :P], canvas.key_mask,
+                                          denoiser.empty_cache(B, canvas.length), write)
+        return cache
+
+    def advances(self, done, block_full):
+        return block_full & ~done, block_full
+
+    def refreshes(self, done, step_in_block, block):
+        return jnp.any(~done & (step_in_block == 0) & (block > 0))
+
+    def forward(self, denoiser, canvas, x, block, state, refresh, want_region):
+        T, B = canvas.block_length, canvas.batch
+
+        def run(width):  # the window: the `width` blocks ending with the current one (static shape)
+            def go(_):
+                win = (block.starts - (width - 1) * T)[:, None] + jnp.arange(width * T)
+                write = CacheWrite(win[:, 0], jnp.ones((B, width * T), bool))
+                h, cache = denoiser.window_stored(rows_take(x, win), rows_take(canvas.positions, win),
+                                                  canvas.key_mask, state, write)
+                return h[:, -T:], cache
+            return go
+
+        h_block, cache = jax.lax.cond(refresh, run(2), run(1), None)
+        return Hidden(h_block, None, cache)
+
+
+CACHE_POLICIES: dict[str, CachePolicy] = {p.name: p for p in (NoCache(), PrefixCache(), DualCache(), BlockCache())}
+# The modes that fit each kind of attention: Fast-dLLM's caches approximate a bidirectional model; the block
+# cache is exact only where attention is block-causal (and there "none" recomputes the same K/V every pass).
+BIDIRECTIONAL_CACHES = ("none", "prefix", "dual")
+BLOCK_CAUSAL_CACHES = ("block", "none")
 CACHE_MODES = tuple(CACHE_POLICIES)

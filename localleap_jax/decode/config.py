@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from localleap_jax import rules
-from localleap_jax.decode.cache import CACHE_MODES, CACHE_POLICIES
+from localleap_jax.decode.cache import BIDIRECTIONAL_CACHES, BLOCK_CAUSAL_CACHES, CACHE_MODES, CACHE_POLICIES
 from localleap_jax.decode.loop import LoopSettings
 from localleap_jax.decode.recorder import NoRecorder, TraceRecorder
 from localleap_jax.decode.step import Scoring
@@ -40,7 +40,9 @@ class DecodeConfig:
     early_stop: bool = False  # a finished block holding EOS fills the rest with EOS and ends the row
     logits_eos_inf: bool = False  # LLaDA switch: never predict EOS
     confidence_eos_eot_inf: bool = False  # LLaDA switch: EOS/EOT predictions get confidence 0 (commit last)
-    cache: str = "none"  # "none" | "prefix" | "dual" (Fast-dLLM KV caches; see decode/cache.py)
+    # "auto": the exact "block" cache for a block-diffusion model (SDAR), "none" for a bidirectional one;
+    # "prefix" | "dual": Fast-dLLM's approximate KV caches (bidirectional models). See decode/cache.py.
+    cache: str = "auto"
     prompt_bucket: int = 64  # prompts are left-padded to a multiple of this, to bound recompiles
 
     @property
@@ -63,9 +65,20 @@ class DecodeConfig:
         mapped = {k: v for k, v in legacy.items() if k in takes and k not in given}
         return rules.rule(self.strategy, **mapped)
 
-    def validate(self) -> "DecodeConfig":
+    def cache_mode(self, model=None) -> str:
+        """The cache policy's name for a model (a ModelConfig, or None: not known yet)."""
+        if self.cache != "auto":
+            return self.cache
+        return "block" if model is not None and model.block_causal else "none"
+
+    def validate(self, model=None, *, canvas: bool = True) -> "DecodeConfig":
+        """Refuse, in one line, anything that cannot run. `model` (a ModelConfig) adds the checks that depend
+        on it: a block-diffusion model decodes its own blocks (block_length = its block_size, gen_length any).
+        `canvas=False` leaves out what depends on the block length (for a caller that fills it in from the
+        model once it is loaded)."""
         def bad(msg):
             raise DecodeError(msg)
+        grid = model is not None and model.block_causal
         for name in ("gen_length", "block_length", "prompt_bucket"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
@@ -77,12 +90,24 @@ class DecodeConfig:
         for name in ("early_stop", "logits_eos_inf", "confidence_eos_eot_inf"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 bad(f"{name}={getattr(self, name)!r} must be True or False")
-        if self.cache not in CACHE_POLICIES:
-            bad(f"unknown cache {self.cache!r}; choose from {', '.join(CACHE_MODES)}")
+        if self.cache != "auto" and self.cache not in CACHE_POLICIES:
+            bad(f"unknown cache {self.cache!r}; choose from auto, {', '.join(CACHE_MODES)}")
         if self.gen_length <= 0 or self.block_length <= 0:
             bad(f"gen_length ({self.gen_length}) and block_length ({self.block_length}) must be positive")
-        if self.gen_length % self.block_length:
-            bad(f"gen_length={self.gen_length} is not a multiple of block_length={self.block_length}")
+        if grid:
+            if self.block_length != model.block_size:
+                bad(f"this block-diffusion model attends in blocks of {model.block_size} (config.json block_size): "
+                    f"block_length must be {model.block_size}, got {self.block_length} (a block of the loop is a "
+                    "block of the model's attention)")
+            if self.cache_mode(model) not in BLOCK_CAUSAL_CACHES:
+                bad(f"cache={self.cache!r} approximates a bidirectional model's K/V; a block-diffusion model's are "
+                    "exact: use cache='block' (what 'auto' picks) or 'none'")
+        else:
+            if model is not None and self.cache_mode(model) not in BIDIRECTIONAL_CACHES:
+                bad(f"cache={self.cache!r} needs a block-diffusion model (block-causal attention); this one is "
+                    f"bidirectional: use {', '.join(BIDIRECTIONAL_CACHES)}")
+            if canvas and self.gen_length % self.block_length:
+                bad(f"gen_length={self.gen_length} is not a multiple of block_length={self.block_length}")
         if self.temperature < 0:
             bad(f"temperature={self.temperature} must be >= 0")
         if self.prompt_bucket <= 0:
@@ -92,18 +117,22 @@ class DecodeConfig:
         check_settings(rules.LocalLeap(**legacy))
         if self.kappa is not None and self.tau is not None and self.tau > self.kappa:
             bad(f"tau={self.tau} > kappa={self.kappa}: the relaxed threshold must not be stricter than the anchor")
-        rules.LowConfidence(self.steps).validate(self.gen_length, self.block_length)
-        self.rule.validate(self.gen_length, self.block_length)
+        # On a block grid the blocks per row depend on the prompt: `steps` is checked with it (check_grid_steps).
+        shape = (None, None) if grid or not canvas else (self.gen_length, self.block_length)
+        rules.LowConfidence(self.steps).validate(*shape)
+        self.rule.validate(*shape)
         return self
 
-    def loop_settings(self, trace: bool = False) -> LoopSettings:
-        """The compile-time part: the canvas, how logits are scored, and the loop's pieces."""
+    def loop_settings(self, trace: bool = False, model=None) -> LoopSettings:
+        """The compile-time part: the canvas, how logits are scored, and the loop's pieces (for `model`, a
+        ModelConfig: its attention decides the block grid and what cache "auto" means)."""
         return LoopSettings(
             self.gen_length, self.block_length,
             Scoring(float(self.temperature), bool(self.logits_eos_inf), bool(self.confidence_eos_eot_inf)),
-            cache=CACHE_POLICIES[self.cache],
+            cache=CACHE_POLICIES[self.cache_mode(model)],
             stop=StopAtEos() if self.early_stop else NeverStop(),
-            recorder=TraceRecorder() if trace else NoRecorder())
+            recorder=TraceRecorder() if trace else NoRecorder(),
+            block_grid=bool(model is not None and model.block_causal))
 
     def fingerprint(self) -> dict[str, Any]:
         """Everything in this config that changes the generated tokens, JSON-able (for resume keys)."""
@@ -136,3 +165,21 @@ def check_room(gen_length: int, max_sequence_length: int) -> None:
     if gen_length >= max_sequence_length:
         raise DecodeError(f"gen_length={gen_length} leaves no room for a prompt: the model's "
                           f"max_sequence_length is {max_sequence_length}")
+
+
+def grid_blocks(prompt_lengths, gen_length: int, block_length: int) -> np.ndarray:
+    """Blocks each row decodes on its own block grid (canvas.py): ceil((n % T + G) / T) for an n-token prompt."""
+    offset = np.asarray(prompt_lengths) % block_length
+    return -(-(offset + gen_length) // block_length)
+
+
+def check_grid_steps(rule, prompt_lengths, gen_length: int, block_length: int) -> None:
+    """On a block grid a rule's `steps` (the total over a row's decoded blocks) must give each block one."""
+    steps = getattr(rule, "steps", None)
+    if steps is None:
+        return
+    blocks = int(grid_blocks(prompt_lengths, gen_length, block_length).max())
+    low = int(np.min(np.asarray(steps)))
+    if low < blocks:
+        raise DecodeError(f"{rule.name}: steps={low} < the {blocks} blocks a row decodes (gen_length {gen_length} "
+                          f"on the model's grid of {block_length}): every block needs a step")

@@ -38,6 +38,7 @@ class LoopSettings(NamedTuple):
     cache: CachePolicy
     stop: StopPolicy
     recorder: Recorder
+    block_grid: bool = False  # blocks on each row's grid from its first real token (block diffusion; canvas.py)
 
 
 class LoopState(NamedTuple):
@@ -66,22 +67,23 @@ def decode_loop(denoiser: Denoiser, ids: Int[Array, "B P"], mask: Bool[Array, "B
     """The whole generation for one batch. `rule` has one value per row in every setting (`with_rows`)."""
     B = ids.shape[0]
     G, T = loop.gen_length, loop.block_length
-    canvas = Canvas.build(ids, mask, gen_length=G, block_length=T, mask_id=special.mask, shift=denoiser.shift)
+    canvas = Canvas.build(ids, mask, gen_length=G, block_length=T, mask_id=special.mask, shift=denoiser.shift,
+                          grid=loop.block_grid)
     rule_state0 = rule.init(B, T, denoiser.vocab)
 
     def body(state: LoopState) -> LoopState:
         block = canvas.block(state.x, state.block)
-        refresh = loop.cache.refreshes(state.done, state.step_in_block)
+        refresh = loop.cache.refreshes(state.done, state.step_in_block, state.block)
         hidden = loop.cache.forward(denoiser, canvas, state.x, block, state.cache, refresh,
                                     loop.recorder.wants_region)
         key = None if rng is None else jax.random.fold_in(rng, state.passes)
         step = denoise_step(denoiser.head, hidden.block, block.tokens, state.done, state.step_in_block, rule,
                             state.rule_state, scoring=loop.scoring, special=special, key=key, gen_length=G,
-                            block_length=T)
+                            block_length=T, num_blocks=canvas.row_blocks)
         x = state.x.at[jnp.arange(B)[:, None], block.idx].set(step.tokens)
 
         block_full = ~jnp.any(step.tokens == special.mask, axis=1)
-        last_block = state.block == canvas.num_blocks - 1
+        last_block = state.block == canvas.row_blocks - 1
         stop_here, x = loop.stop.update(x, block._replace(tokens=step.tokens), block_full, last_block, special)
         done = state.done | (~state.done & block_full & (last_block | stop_here))
         advance, moved = loop.cache.advances(done, block_full)
@@ -104,8 +106,8 @@ def decode_loop(denoiser: Denoiser, ids: Int[Array, "B P"], mask: Bool[Array, "B
         )
 
     def cond(state: LoopState):
-        # Every working row commits at least one token per pass, so G passes always suffice.
-        return ~jnp.all(state.done) & (state.passes < G)
+        # Every working row commits at least one token per pass, so as many passes as positions always suffice.
+        return ~jnp.all(state.done) & (state.passes < canvas.length - canvas.prompt_length)
 
     zeros = jnp.zeros((B,), jnp.int32)
     state = LoopState(canvas.x0, zeros, zeros, jnp.zeros((B,), bool), zeros, jnp.int32(0), jnp.int32(0),

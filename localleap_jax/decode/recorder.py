@@ -79,10 +79,13 @@ class TraceRecorder:
             region_pred = jnp.full((B, G), -1, jnp.int32)
             region_conf = jnp.full((B, G), jnp.nan, jnp.float32)
         at = block.idx - prompt_length
+        # A block-diffusion row's block may start in the prompt or reach past gen_length (its grid's tail):
+        # those positions are not in the trace (index G is dropped).
+        at = jnp.where((at >= 0) & (at < G), at, G)
         # Inside the block, record exactly what the rule saw (sampled predictions included).
-        region_pred = region_pred.at[rows, at].set(step.pred)
-        region_conf = region_conf.at[rows, at].set(step.conf)
-        region_code = jnp.zeros((B, G), jnp.int8).at[rows, at].set(step.code)
+        region_pred = region_pred.at[rows, at].set(step.pred, mode="drop")
+        region_conf = region_conf.at[rows, at].set(step.conf, mode="drop")
+        region_code = jnp.zeros((B, G), jnp.int8).at[rows, at].set(step.code, mode="drop")
         s = jnp.minimum(nfe, G - 1)
 
         def keep(buf, new):  # only working rows write their slot

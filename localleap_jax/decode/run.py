@@ -22,7 +22,8 @@ import numpy as np
 
 from localleap_jax.compile_cache import compile_once, signature
 from localleap_jax.config import ModelConfig
-from localleap_jax.decode.config import DecodeConfig, check_room
+from localleap_jax.decode.canvas import grid_tail
+from localleap_jax.decode.config import DecodeConfig, check_grid_steps, check_room
 from localleap_jax.decode.loop import LoopOutput, decode_loop
 from localleap_jax.rules import DecodeError
 from localleap_jax.trace import Trace
@@ -42,7 +43,7 @@ class Generation:
 
 def prepare_inputs(ids, mask, cfg: DecodeConfig, config: ModelConfig, rng) -> tuple[np.ndarray, np.ndarray, int]:
     """Validate user inputs and left-pad prompts to the bucket; returns (ids, mask, pad added)."""
-    cfg.validate()
+    cfg.validate(config)
     ids = np.asarray(ids)
     mask = np.ones(ids.shape, bool) if mask is None else np.asarray(mask).astype(bool)
     if ids.ndim != 2 or mask.shape != ids.shape:
@@ -59,14 +60,20 @@ def prepare_inputs(ids, mask, cfg: DecodeConfig, config: ModelConfig, rng) -> tu
     if ((ids < 0) | (ids >= config.embedding_size))[mask].any():
         raise DecodeError(f"token ids must lie in [0, {config.embedding_size})")
     longest = int(mask.sum(axis=1).max())
-    if longest + cfg.gen_length > config.max_sequence_length:
-        raise DecodeError(f"prompt ({longest} tokens) + gen_length ({cfg.gen_length}) exceeds the model's "
-                          f"max_sequence_length ({config.max_sequence_length})")
+    tail = grid_tail(cfg.gen_length, cfg.block_length) if config.block_causal else 0  # blocks end on the grid
+    if longest + cfg.gen_length + tail > config.max_sequence_length:
+        raise DecodeError(f"prompt ({longest} tokens) + gen_length ({cfg.gen_length})"
+                          + (f" + up to {tail} positions to the block grid's end" if tail else "")
+                          + f" exceeds the model's max_sequence_length ({config.max_sequence_length})")
+    if config.block_causal:
+        check_grid_steps(cfg.rule, mask.sum(axis=1), cfg.gen_length, cfg.block_length)
     if cfg.temperature > 0 and rng is None:
         raise DecodeError(f"temperature={cfg.temperature} samples: pass rng=jax.random.key(seed)")
     P = ids.shape[1]
     bucket = -(-P // cfg.prompt_bucket) * cfg.prompt_bucket
-    bucket = min(bucket, config.max_sequence_length - cfg.gen_length)  # never pad past the model's limit
+    if config.block_causal:  # room left of every row's first decoded block for the block before it (cache.py)
+        bucket = max(bucket, 2 * cfg.block_length)
+    bucket = min(bucket, config.max_sequence_length - cfg.gen_length - tail)  # never pad past the model's limit
     pad = max(bucket - P, 0)
     ids = np.pad(ids, ((0, 0), (pad, 0)), constant_values=config.pad_token_id).astype(np.int32)
     mask = np.pad(mask, ((0, 0), (pad, 0)))
@@ -133,7 +140,7 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
     rule = cfg.rule
     rows = placement.rows(B)
     rule_rows = jax.tree.map(lambda a: pad_rows(a, rows), rule.with_rows(B))
-    loop = cfg.loop_settings(trace)
+    loop = cfg.loop_settings(trace, model.config)
     special = model.special
     key = rng if cfg.temperature > 0 else None  # greedy decoding draws nothing: no key, one program
     denoiser, inputs = placement.place(model.denoiser, pad_rows(ids_b, rows), pad_rows(mask_b, rows), key, rule_rows)
@@ -144,6 +151,7 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
     t0 = time.perf_counter()
     out = placement.fetch(compiled(denoiser, *inputs), B)  # waits for the device
     seconds = time.perf_counter() - t0
+    out = out._replace(x=out.x[:, :P + cfg.gen_length])  # a block grid's tail past gen_length is not returned
     return Generation(tokens=out.x[:, pad:], nfe=out.nfe, forward_passes=out.passes, full_passes=out.full_passes,
                       prompt_length=P - pad, seconds=seconds, compile_seconds=compile_s,
                       trace=loop.recorder.to_host(out.record, out.x, out.nfe, P, rule.clause_names))

@@ -70,14 +70,16 @@ class StepResult(NamedTuple):
 
 def denoise_step(head: Callable[[Array], Array], hidden: Float[Array, "B T D"], tokens: Int[Array, "B T"],
                  done: Bool[Array, "B"], step_in_block: Int[Array, "B"], rule, rule_state, *, scoring: Scoring,
-                 special: SpecialIds, key: jax.Array | None, gen_length: int, block_length: int) -> StepResult:
+                 special: SpecialIds, key: jax.Array | None, gen_length: int, block_length: int,
+                 num_blocks: Int[Array, "B"] | int | None = None) -> StepResult:
     """One step on each row's current block: `hidden` are the hidden states that predict it, `tokens` what it
-    holds. Rows that are `done` have no candidates."""
+    holds. Rows that are `done` have no candidates. `num_blocks`: the blocks each row decodes (the schedule's
+    steps per block are a rule's `steps` over it; default gen_length // block_length)."""
     pred, conf, scored = predict(head(hidden), scoring, special, key)
     candidates = (tokens == special.mask) & ~done[:, None]
     working = jnp.any(candidates, axis=1)
     signals = Signals(logits=scored, pred=pred, conf=conf, candidates=candidates, step=step_in_block,
-                      gen_length=gen_length, block_length=block_length)
+                      gen_length=gen_length, block_length=block_length, num_blocks=num_blocks)
     code, rule_state = rule.update(signals, rule_state)
     code = keep_contract(code, candidates, conf, forced=len(rule.clause_names) + 1)
     return StepResult(pred, conf, code, jnp.where(code > 0, pred, tokens), rule_state, working)

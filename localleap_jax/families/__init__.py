@@ -22,9 +22,9 @@ class Target(NamedTuple):
 
 
 # The family modules import `Target` from here, so they are imported after it is defined.
-from localleap_jax.families import dream, llada  # noqa: E402
+from localleap_jax.families import dream, llada, sdar  # noqa: E402
 
-_TENSOR_MAPS = {"llada": llada.tensor_map, "dream": dream.tensor_map}
+_TENSOR_MAPS = {"llada": llada.tensor_map, "dream": dream.tensor_map, "sdar": sdar.tensor_map}
 
 
 def tensor_map(config: ModelConfig) -> dict[str, Target]:

@@ -20,16 +20,16 @@ from localleap_jax.gsm8k.command_line import (EXIT_ERROR, EXIT_INTERRUPTED, OneL
                                               positive, probability, seed, termination_as_interrupt, whole_number)
 from localleap_jax.gsm8k.data import DataPlan, Task, local_task, plan_data, read_gsm8k_jsonl, write_task
 from localleap_jax.gsm8k.errors import UserError
-from localleap_jax.gsm8k.loading import check_gen_length, find_checkpoint, load_model
+from localleap_jax.gsm8k.loading import check_gen_length, find_checkpoint, load_model, read_model_config
 from localleap_jax.gsm8k.outdir import OutputDir, check_output, holding, write_atomically
 from localleap_jax.gsm8k.progress import Progress, RunningAccuracy
 from localleap_jax.gsm8k.run import (collect, config_record, evaluate_once, forget_answers, resume_key,
                                      run_strategy, summarize, task_manager)
-from localleap_jax.gsm8k.settings import DEFAULTS, EvalSettings, model_defaults
+from localleap_jax.gsm8k.settings import DEFAULTS, EvalSettings, default_strategies, model_defaults
 
 __all__ = ["DEFAULTS", "DataPlan", "EXIT_ERROR", "EXIT_INTERRUPTED", "EvalSettings", "OneLineParser", "OutputDir",
            "Progress", "RunningAccuracy", "Task", "UserError", "check_gen_length", "check_output", "collect",
            "config_record", "count", "evaluate_once", "exit_status", "find_checkpoint", "forget_answers", "holding",
-           "load_model", "local_task", "model_defaults", "plan_data", "positive", "probability", "read_gsm8k_jsonl",
+           "default_strategies", "load_model", "local_task", "read_model_config", "model_defaults", "plan_data", "positive", "probability", "read_gsm8k_jsonl",
            "resume_key", "run_strategy", "seed", "summarize", "task_manager", "termination_as_interrupt",
            "whole_number", "write_atomically", "write_task"]

@@ -23,6 +23,14 @@ def find_checkpoint(name: str | None) -> tuple[Path, dict]:
         raise UserError(str(e)) from None
 
 
+def read_model_config(path: Path) -> ModelConfig:
+    """The checkpoint's ModelConfig from its config.json (before loading the weights)."""
+    try:
+        return ModelConfig.from_json_file(path / "config.json")
+    except ConfigError as e:
+        raise UserError(f"{path}: {e}") from None
+
+
 def check_gen_length(gen_length: int, path: Path) -> None:
     """--gen-length against the model's length, from config.json (before loading the weights)."""
     try:

@@ -9,12 +9,23 @@ from typing import Any
 from localleap_jax.decode import DecodeConfig
 
 DEFAULTS = {"gen_length": 256, "block_length": 32, "num_fewshot": 5}  # the papers' GSM8K setting
+DEFAULT_STRATEGIES = "low_confidence,threshold,localleap"
+# A block-diffusion model (SDAR) decodes in the blocks it was trained with; SDAR's own evaluation (OpenCompass,
+# JetEngine) decodes with low_confidence_dynamic at threshold 0.9 and one step per token of the block.
+BLOCK_DIFFUSION_STRATEGIES = "low_confidence,dynamic:threshold=0.9,threshold,localleap"
 
 
-def model_defaults(manifest: dict) -> dict:
+def model_defaults(manifest: dict, config=None) -> dict:
     """A checkpoint's evaluation defaults: its manifest's `eval_defaults` over the papers' setting (the
-    embedded model's own canvas is smaller)."""
-    return {**DEFAULTS, **manifest.get("eval_defaults", {})}
+    embedded model's own canvas is smaller); a block-diffusion model's block is its block_size (`config`,
+    the ModelConfig, when known)."""
+    family = {"block_length": config.block_size} if config is not None and config.block_causal else {}
+    return {**DEFAULTS, **family, **manifest.get("eval_defaults", {})}
+
+
+def default_strategies(config=None) -> str:
+    """The --strategies of a run that names none: the baseline first (the ratios' denominator)."""
+    return BLOCK_DIFFUSION_STRATEGIES if config is not None and config.block_causal else DEFAULT_STRATEGIES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +40,7 @@ class EvalSettings:
     seed: int = 0
     truncate_fewshot: bool = False  # drop few-shot examples from a prompt too long for the model
     early_stop: bool = False
-    cache: str = "none"  # the KV cache mode
+    cache: str = "auto"  # the KV cache mode ("auto": the exact block cache for block diffusion, else none)
     # The rules' shared settings (None: each rule's default; a setting in a rule's spec wins).
     steps: int | None = None
     kappa: float | None = None
@@ -37,19 +48,24 @@ class EvalSettings:
     radius: int | None = None
     compile_cache: bool = True  # JAX's persistent compilation cache
     mesh: Any = None  # the (data, model) mesh to generate on; None: one process, pmap over its devices
+    model: Any = None  # the ModelConfig, for the checks that depend on it (a block-diffusion model's grid)
 
     @classmethod
     def for_model(cls, manifest: dict, *, gen_length: int | None = None, block_length: int | None = None,
-                  num_fewshot: int | None = None, **given: Any) -> EvalSettings:
+                  num_fewshot: int | None = None, model=None, **given: Any) -> EvalSettings:
         """The settings given, with the model's defaults (`model_defaults`) for canvas and few-shot count
         left None."""
-        defaults = model_defaults(manifest)
+        defaults = model_defaults(manifest, model)
         canvas = {"gen_length": gen_length, "block_length": block_length, "num_fewshot": num_fewshot}
-        return cls(**{k: defaults[k] if v is None else v for k, v in canvas.items()}, **given)
+        return cls(**{k: defaults[k] if v is None else v for k, v in canvas.items()}, model=model, **given)
 
     @property
     def mesh_shape(self) -> dict | None:
         return None if self.mesh is None else dict(self.mesh.shape)
+
+    def check(self, strategy: str) -> DecodeConfig:
+        """The DecodeConfig of one strategy, validated against the model when it is known."""
+        return self.decode_config(strategy).validate(self.model)
 
     def decode_config(self, strategy: str) -> DecodeConfig:
         """The DecodeConfig of one strategy under these settings (not validated yet)."""

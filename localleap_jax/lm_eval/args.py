@@ -197,7 +197,9 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
         name, spec_settings = parse_spec(decode.get("strategy", DecodeConfig.strategy))
         decode["strategy"] = make_spec(name, {**spec_settings, **rule_extra})
     try:
-        cfg = DecodeConfig(**decode).validate()
+        # Without a block_length the model decides it (a block-diffusion model's own): `fit_to_model` checks
+        # the canvas once the model is loaded.
+        cfg = DecodeConfig(**decode).validate(canvas="block_length" in decode)
     except DecodeError as e:
         raise ModelArgsError(f"model_args: {e}") from None
     return settings, cfg
@@ -209,3 +211,15 @@ def check_gen_length(cfg: DecodeConfig, max_sequence_length: int) -> None:
         check_room(cfg.gen_length, max_sequence_length)
     except DecodeError as e:
         raise ModelArgsError(str(e)) from None
+
+
+def fit_to_model(cfg: DecodeConfig, config, given: dict[str, Any]) -> DecodeConfig:
+    """The DecodeConfig for the loaded model: a block-diffusion model decodes in its own blocks unless
+    block_length was given (and then it must match), checked with everything else that depends on the model
+    (a bidirectional model keeps the default block_length and has its canvas checked here)."""
+    if config.block_causal and "block_length" not in given:
+        cfg = dataclasses.replace(cfg, block_length=config.block_size)
+    try:
+        return cfg.validate(config)
+    except DecodeError as e:
+        raise ModelArgsError(f"model_args: {e}") from None

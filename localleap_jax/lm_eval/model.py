@@ -29,7 +29,8 @@ from localleap_jax.compile_cache import enable_compilation_cache
 from localleap_jax.convert_hf import resolve_checkpoint
 from localleap_jax.decode import DecodeConfig
 from localleap_jax.dist.multihost import leader
-from localleap_jax.lm_eval.args import check_gen_length, default_dtype, parse_model_args, refuse_python_only
+from localleap_jax.lm_eval.args import (check_gen_length, default_dtype, fit_to_model, parse_model_args,
+                                       refuse_python_only)
 from localleap_jax.lm_eval.devices import join_and_mesh
 from localleap_jax.lm_eval.identity import answers_key, claim_cache, forget_missing_answers
 from localleap_jax.lm_eval.prompts import Prompt, cut_at_until, fit_all
@@ -74,6 +75,7 @@ class LocalLeapLM(LM):
             model = leader().load(resolve_checkpoint(settings["checkpoint"]),
                                   dtype=default_dtype() if dtype == "auto" else dtype, mesh=self.mesh)
         check_gen_length(self.cfg, model.config.max_sequence_length)
+        self.cfg = fit_to_model(self.cfg, model.config, given=model_args)
         self.model = model
         self.rng = jax.random.key(self.seed)
         self.on_batch = on_batch

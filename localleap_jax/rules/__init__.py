@@ -18,12 +18,12 @@ from localleap_jax.rules.base import (DecodeError, Rule, RuleBase, Signals, firs
                                       rank_by, setting, top_k)
 from localleap_jax.rules.registry import (RULES, FunctionRule, parse_spec, register, register_rule, rule,
                                           rule_from_json, rule_to_json, split_specs, stateless)
-from localleap_jax.rules.confidence import Factor, LocalLeap, LowConfidence, Threshold, near_any  # noqa: E402
+from localleap_jax.rules.confidence import Dynamic, Factor, LocalLeap, LowConfidence, Threshold, near_any  # noqa: E402
 from localleap_jax.rules.uncertainty import EntropyBounded, Entropy, Margin  # noqa: E402
 from localleap_jax.rules.stateful import Klass, Stable  # noqa: E402
 from localleap_jax.rules.combinators import AllOf, AnyOf, all_of, any_of  # noqa: E402
 
 __all__ = ["AllOf", "AnyOf", "DecodeError", "Entropy", "EntropyBounded", "Factor", "FunctionRule", "Klass", "LocalLeap",
-           "LowConfidence", "Margin", "RULES", "Rule", "RuleBase", "Signals", "Stable", "Threshold", "all_of", "any_of",
+           "Dynamic", "LowConfidence", "Margin", "RULES", "Rule", "RuleBase", "Signals", "Stable", "Threshold", "all_of", "any_of",
            "first_clause", "most_confident", "near_any", "parse_spec", "per_row", "rank_by", "register",
            "register_rule", "rule", "rule_from_json", "rule_to_json", "setting", "split_specs", "stateless", "top_k"]

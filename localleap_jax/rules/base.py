@@ -52,7 +52,8 @@ class Signals:
     """
 
     def __init__(self, *, logits: Float[Array, "B T V"], pred: Int[Array, "B T"], conf: Float[Array, "B T"],
-                 candidates: Bool[Array, "B T"], step: Int[Array, "B"], gen_length: int, block_length: int):
+                 candidates: Bool[Array, "B T"], step: Int[Array, "B"], gen_length: int, block_length: int,
+                 num_blocks: Int[Array, "B"] | int | None = None):
         self.logits = logits
         self.pred = pred
         self.conf = conf
@@ -60,6 +61,8 @@ class Signals:
         self.step = step  # passes this row has already worked in its current block
         self.gen_length = gen_length
         self.block_length = block_length
+        # Blocks each row decodes: gen_length // block_length, or per row on a block-diffusion grid (canvas.py).
+        self.num_blocks = gen_length // block_length if num_blocks is None else num_blocks
 
     @functools.cached_property
     def probs(self) -> Float[Array, "B T V"]:
@@ -80,11 +83,12 @@ class Signals:
     def quota(self, steps: Int[Array, "B"] | int | None) -> Int[Array, "B"]:
         """LLaDA's get_num_transfer_tokens: how many tokens this step commits when `steps` steps (in
         total over the canvas) decode it; block_length is spread over the block's steps, remainder first.
-        None means gen_length steps (one token per step)."""
+        The steps per block are steps // num_blocks (a block-diffusion row may decode one block more than
+        another: its blocks get as many steps each). None means one token per step."""
         T = self.block_length
         if steps is None:
             return jnp.ones(self.step.shape, jnp.int32)
-        per_block = jnp.asarray(steps, jnp.int32) // (self.gen_length // T)
+        per_block = jnp.maximum(jnp.asarray(steps, jnp.int32) // jnp.asarray(self.num_blocks, jnp.int32), 1)
         base, remainder = T // per_block, T % per_block
         return (base + (self.step < remainder)).astype(jnp.int32)
 

@@ -1,4 +1,5 @@
-"""Rules that rank by confidence: LLaDA's schedule, Fast-dLLM's threshold and factor, LocalLeap."""
+"""Rules that rank by confidence: LLaDA's schedule, SDAR's dynamic threshold, Fast-dLLM's threshold and factor,
+LocalLeap."""
 
 from __future__ import annotations
 
@@ -25,6 +26,27 @@ class LowConfidence(RuleBase):
     def update(self, s: Signals, state):
         chosen = top_k(s.conf, s.candidates, s.quota(self.steps))
         return first_clause(most_confident(s.conf, s.candidates), chosen), state
+
+
+@register_rule("dynamic")
+@struct.dataclass
+class Dynamic(RuleBase):
+    """SDAR's `low_confidence_dynamic` (JetAstra/SDAR `generate.py`): every candidate with confidence strictly
+    above `threshold` when there are at least the schedule's quota of them, else the quota's most confident
+    (LLaDA's schedule for `steps` in total; per block steps / blocks, SDAR's `denoising_steps`; None: one
+    token per step). SDAR's top-k ranks all of the block, so when fewer masks remain than the quota it also
+    picks decoded positions and overwrites them with fresh predictions; here only masked positions commit.
+    SDAR's `low_confidence_static` is `low_confidence`."""
+
+    threshold: float = setting(0.85, low=0.0, high=1.0)
+    steps: int | None = setting(None, int, low=1, none_ok=True)
+    clause_names = ("threshold", "schedule")
+
+    def update(self, s: Signals, state):
+        quota = s.quota(self.steps)
+        over = s.candidates & (s.conf > per_row(self.threshold))
+        enough = (jnp.sum(over, axis=-1) >= quota)[:, None]
+        return first_clause(over & enough, top_k(s.conf, s.candidates, quota) & ~enough), state
 
 
 @register_rule("threshold")
