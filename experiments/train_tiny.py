@@ -11,12 +11,23 @@ every `--save-every` steps that a rerun resumes from; the output is a checkpoint
 in the format `convert` writes, so `localleap_jax.load` reads both.
 
     python experiments/train_tiny.py --out runs/tiny --steps 5000
+
+`--family sdar` trains the block-diffusion (SDAR / BD3-LM) variant instead: the same network with per-head
+q/k RMSNorm and block-causal attention (`--block-size`, default 4), under the block-diffusion SFT objective
+of `bd_sft_loss` (see `block_diffusion_attention` for its attention mask). SDAR is made by adapting a
+pretrained model to block diffusion, so `--init-from DIR` warm-starts from a checkpoint directory (every
+parameter leaf whose shape matches is copied, its tokenizer is used; new leaves such as q_norm/k_norm keep
+their init):
+
+    python experiments/train_tiny.py --family sdar --init-from localleap_jax/assets/tiny-math \
+        --out runs/tiny-sdar --steps 1000 --lr 5e-4 --warmup 50
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -37,7 +48,7 @@ import synthetic_math  # noqa: E402
 
 from localleap_jax import checkpoint  # noqa: E402
 from localleap_jax.config import ModelConfig  # noqa: E402
-from localleap_jax.model import forward, init_params  # noqa: E402
+from localleap_jax.model import forward, head, init_params, positions_from_mask, trunk_masked  # noqa: E402
 from localleap_jax.tokenizer import Tokenizer, left_pad, make_tokenizer  # noqa: E402
 
 PROMPT = "Question: {question}\nAnswer:"  # lm-eval's gsm8k doc_to_text, 0-shot
@@ -77,6 +88,30 @@ def model_config(cfg: TrainConfig, tok: Tokenizer) -> ModelConfig:
                        eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
 
 
+def sdar_model_config(cfg: TrainConfig, tok: Tokenizer, block_size: int) -> ModelConfig:
+    """The same network as `model_config`'s in SDAR's (Qwen3) layout: q/k RMSNorm per head, an untied head,
+    and block-causal attention on blocks of `block_size`."""
+    return dataclasses.replace(model_config(cfg, tok), family="sdar", qk_norm=True, block_size=block_size,
+                               explicit_head_dim=cfg.d_model // cfg.n_heads, tie_word_embeddings=False)
+
+
+def warm_start(params, source):
+    """`params` with every leaf that `source` has at the same path and shape replaced by source's (as float32
+    copies); returns (params, copied paths, kept paths: leaves left at their init)."""
+    flat_source = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(source)}
+    copied, kept = [], []
+
+    def take(path, leaf):
+        name = jax.tree_util.keystr(path)
+        other = flat_source.get(name)
+        if other is not None and other.shape == leaf.shape:
+            copied.append(name)
+            return jnp.asarray(other, leaf.dtype)
+        kept.append(name)
+        return leaf
+    return jax.tree_util.tree_map_with_path(take, params), copied, kept
+
+
 def make_batch(step: int, cfg: TrainConfig, tok: Tokenizer):
     """Tokens [B, P+G], real-token mask [B, P+G], answer-canvas mask [B, P+G]; deterministic in (seed, step)."""
     stream = synthetic_math.problems("train", seed=f"{cfg.seed}-{step}")
@@ -113,6 +148,106 @@ def sft_loss(params, tokens, mask, answer, rng, *, config: ModelConfig):
     return per_row.mean()
 
 
+def noise(rng, answer, batch: int):
+    """The masking draw both objectives share: stratified t per row (marginally U(0, 1)), LLaDA's floored
+    mask probability p, and which answer-canvas positions are masked (independently, with probability p)."""
+    k_t, k_m = jax.random.split(rng)
+    t = (jnp.arange(batch) + jax.random.uniform(k_t, (batch,))) / batch
+    p_mask = (1 - 1e-3) * t + 1e-3
+    masked = answer & (jax.random.uniform(k_m, answer.shape) < p_mask[:, None])
+    return p_mask, masked
+
+
+def block_diffusion_attention(positions, real, n_noisy: int, block_size: int):
+    """Attention mask [B, L + n_noisy, L + n_noisy] for block-diffusion training on [clean | noisy], where the
+    noisy copy stands for the clean sequence's last `n_noisy` columns (same RoPE positions, same real marks).
+
+    `positions` [B, L]: each clean token's position on the row's grid (0 at the first real token, as
+    `positions_from_mask`); `real` [B, L]: not padding. Block of a position: position // block_size.
+    mask[b, q, k] (query q sees key k):
+      clean q -> clean k  iff k is real and block(k) <= block(q). This is exactly what `forward` computes for
+                          a finished block at inference (block-causal), so the clean copy yields the K/V a
+                          decoded block presents to the blocks after it.
+      clean q -> noisy k  never: the clean copy must not depend on any noise draw (at inference the
+                          context blocks are clean).
+      noisy q -> clean k  iff k is real and block(k) < block(q): the finished, clean context before the block
+                          being denoised -- its own block's clean keys would leak the answer.
+      noisy q -> noisy k  iff k is real and block(k) == block(q): bidirectional inside the block being
+                          denoised, seeing only its noisy tokens (the block's prompt tokens are in the noisy
+                          copy too, never masked: at inference the prompt's last partial block is decoded
+                          together with the first answer tokens, its prompt positions unmasked). The clean
+                          copy of those prompt positions is not used instead: in layers >= 1 its hidden state
+                          has attended to the clean answer tokens of the same block.
+      padding q           sees itself only (keeps its softmax finite; no real query reads a padding key).
+    """
+    L = positions.shape[1]
+    pos = jnp.concatenate([positions, positions[:, L - n_noisy:]], axis=1)
+    is_real = jnp.concatenate([real, real[:, L - n_noisy:]], axis=1).astype(bool)
+    noisy = jnp.arange(L + n_noisy) >= L
+    block = pos // block_size
+    bq, bk = block[:, :, None], block[:, None, :]
+    nq, nk = noisy[None, :, None], noisy[None, None, :]
+    sees = jnp.where(nq, jnp.where(nk, bk == bq, bk < bq), ~nk & (bk <= bq)) & is_real[:, None, :]
+    return jnp.where(is_real[:, :, None], sees, jnp.eye(L + n_noisy, dtype=bool)[None])
+
+
+def noisy_width(gen_length: int, block_size: int, length: int) -> int:
+    """Columns the noisy copy covers: the answer canvas and the block_size - 1 prompt columns before it
+    (enough for the prompt's share of the first answer block, wherever the grid puts it)."""
+    return min(gen_length + block_size - 1, length)
+
+
+def block_diffusion_logits(params, clean, mask, noisy_tokens, *, config: ModelConfig, gen_length: int):
+    """Logits [B, gen_length, V] of the noisy copy's answer-canvas positions. `clean` [B, L]: the clean
+    sequence (its last gen_length columns the answer canvas); `noisy_tokens` [B, n]: the noisy copy of its
+    last n = noisy_width(...) columns."""
+    L, n = clean.shape[1], noisy_tokens.shape[1]
+    positions = positions_from_mask(mask)
+    seq = jnp.concatenate([clean, noisy_tokens], axis=1)
+    seq_positions = jnp.concatenate([positions, positions[:, L - n:]], axis=1)
+    attn = block_diffusion_attention(positions, mask, n, config.block_size)
+    h = trunk_masked(params, seq, seq_positions, attn, config)
+    return head(params, h[:, L + n - gen_length:], config)
+
+
+def bd_sft_loss(params, tokens, mask, answer, rng, *, config: ModelConfig, gen_length: int):
+    """Block-diffusion SFT loss (SDAR / BD3-LM): the sequence is [clean prompt + answer canvas | noisy copy],
+    the noisy copy's answer positions masked with the same draw as `sft_loss` (ratio t per row, stratified;
+    p = (1 - 1e-3) t + 1e-3); cross-entropy on the masked noisy positions weighted 1/p, summed per row over
+    the canvas length and averaged over rows, as `sft_loss`. Every block is denoised at once, each under its
+    own clean context (`block_diffusion_attention`). The answer canvas must be the last gen_length columns."""
+    B, L = tokens.shape
+    p_mask, masked = noise(rng, answer, B)
+    n = noisy_width(gen_length, config.block_size, L)
+    noisy = jnp.where(masked, config.mask_token_id, tokens)[:, L - n:]
+    logits = block_diffusion_logits(params, tokens, mask, noisy, config=config, gen_length=gen_length)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, L - gen_length:])
+    per_row = jnp.sum(jnp.where(masked[:, L - gen_length:], ce, 0.0), axis=1) / p_mask / answer.sum(axis=1)
+    return per_row.mean()
+
+
+def sdar_readme(cfg: TrainConfig, config: ModelConfig, log: dict, init_from: str | None) -> str:
+    warm = (f"Warm-started from `{init_from}` (a bidirectional checkpoint of the same network, whose tokenizer "
+            "this one is): every parameter of matching shape was copied; the new per-head q/k RMSNorm scales "
+            "start at 1. "
+            "This is how SDAR itself is made -- by adapting a pretrained model to block diffusion -- so the "
+            "warm start is part of the recipe, not a shortcut.\n\n" if init_from else
+            "Trained from random initialisation.\n\n")
+    return (f"# Small SDAR-architecture (block diffusion) model trained by experiments/train_tiny.py\n\n"
+            f"The block-diffusion counterpart of `tiny-math`: the same network ({cfg.n_layers} layers, d_model "
+            f"{cfg.d_model}, {cfg.n_heads} heads, SwiGLU {cfg.mlp_hidden_size}, vocabulary {config.vocab_size}) in "
+            f"SDAR's Qwen3 layout, with per-head q/k RMSNorm and block-causal attention on blocks of "
+            f"{config.block_size} ({config.num_params / 1e6:.2f}M parameters, fp32).\n\n"
+            f"Data: the synthetic-math train split, as tiny-math. Objective: the block-diffusion SFT loss of "
+            f"SDAR / BD3-LM (`bd_sft_loss`): [clean prompt + answer canvas | noisy copy of the answer canvas and "
+            f"of the prompt tokens that share its first block], "
+            f"the noisy copy masked at ratio t (per sample, stratified), each noisy block seeing the clean "
+            f"blocks before it and its own noisy tokens; cross-entropy on masked tokens weighted 1/t.\n\n"
+            f"{warm}"
+            f"Decode block by block (eval default block_length {config.block_size}, gen_length {cfg.gen_length}).\n\n"
+            f"```\n{json.dumps(log, indent=2)}\n```\n")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="work directory (Orbax training state lives in OUT/train_state)")
@@ -120,23 +255,61 @@ def main(argv=None):
     ap.add_argument("--save-every", type=int, default=250)
     ap.add_argument("--export-only", action="store_true",
                     help="export the latest saved training state as a checkpoint directory, without training")
+    ap.add_argument("--family", choices=("llada", "sdar"), default="llada",
+                    help="llada: bidirectional, LLaDA's SFT loss (default); sdar: block diffusion (bd_sft_loss)")
+    ap.add_argument("--block-size", type=int, default=None, help="SDAR's block length (default 4; sdar only)")
+    ap.add_argument("--init-from", help="warm start: a checkpoint directory whose parameters of matching shape "
+                                        "(and whose tokenizer) this run starts from")
     for f in dataclasses.fields(TrainConfig):
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
     args = ap.parse_args(argv)
+    if args.family == "llada" and args.block_size is not None:
+        ap.error("--block-size is for --family sdar (LLaDA attends bidirectionally)")
+    block_size = args.block_size if args.block_size is not None else 4
+    if args.family == "sdar" and block_size < 1:
+        ap.error(f"--block-size must be >= 1, got {block_size}")
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    init_from = str(Path(args.init_from).resolve()) if args.init_from else None
+    # The run's identity: TrainConfig, plus the new flags only when they are not the default (a LLaDA run from
+    # scratch records, and resumes from, exactly what it always has).
+    run_cfg = dataclasses.asdict(cfg)
+    if args.family == "sdar":
+        run_cfg |= {"family": "sdar", "block_size": block_size}
+    if init_from:
+        run_cfg |= {"init_from": init_from}
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     saved_cfg = out / "train_config.json"
-    if saved_cfg.exists() and json.loads(saved_cfg.read_text()) != dataclasses.asdict(cfg):
+    if saved_cfg.exists() and json.loads(saved_cfg.read_text()) != run_cfg:
         sys.exit(f"error: {out} holds a run with a different configuration ({saved_cfg}); use a new --out")
-    saved_cfg.write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+    saved_cfg.write_text(json.dumps(run_cfg, indent=2))
 
+    if init_from and not (out / "tokenizer" / "tokenizer.json").exists():
+        (out / "tokenizer").mkdir(parents=True, exist_ok=True)
+        checkpoint.copy_tokenizer_files(init_from, out / "tokenizer")  # the warm start's ids
     tok = build_tokenizer(cfg, out / "tokenizer")
-    config = model_config(cfg, tok)
+    if args.family == "sdar":
+        config = sdar_model_config(cfg, tok, block_size)
+        loss_fn = functools.partial(bd_sft_loss, config=config, gen_length=cfg.gen_length)
+    else:
+        config = model_config(cfg, tok)
+        loss_fn = functools.partial(sft_loss, config=config)
     schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup, cfg.steps, end_value=cfg.lr * 0.05)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0),
                             optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=cfg.weight_decay))
     params = init_params(config, jax.random.key(cfg.seed))
+    warm = None
+    if init_from:
+        source = checkpoint.load(init_from, dtype="float32")
+        for name in ("vocab_size", "mask_token_id", "eos_token_id", "pad_token_id"):
+            if getattr(source.config, name) != getattr(config, name):
+                sys.exit(f"error: --init-from {init_from} has {name}={getattr(source.config, name)}, this run "
+                         f"{getattr(config, name)}")
+        params, copied, kept = warm_start(params, source.params)
+        if not copied:
+            sys.exit(f"error: --init-from {init_from}: no parameter has a matching shape")
+        warm = {"init_from": args.init_from, "copied_leaves": len(copied), "kept_init": kept}
+        print(f"warm start from {init_from}: {len(copied)} leaves copied; kept at init: {', '.join(kept) or 'none'}")
     state = {"params": params, "opt": optimizer.init(params)}
 
     manager = ocp.CheckpointManager(out / "train_state", options=ocp.CheckpointManagerOptions(max_to_keep=2))
@@ -148,7 +321,7 @@ def main(argv=None):
 
     @jax.jit
     def train_step(state, tokens, mask, answer, rng):
-        loss, grads = jax.value_and_grad(sft_loss)(state["params"], tokens, mask, answer, rng, config=config)
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"], tokens, mask, answer, rng)
         updates, opt = optimizer.update(grads, state["opt"], state["params"])
         return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, loss
 
@@ -187,14 +360,26 @@ def main(argv=None):
            "resumed_from_step": start, "exported_at_step": start + len(steps), "hardware": f"{platform.processor() or platform.machine()}, "
            f"{os.cpu_count()} CPU cores, jax {jax.__version__} on {jax.default_backend()}",
            "final_loss_ema": ema}
+    if args.family == "sdar":
+        log |= {"family": "sdar", "block_size": block_size, "objective": "bd_sft_loss (block diffusion SFT)"}
+    if warm:
+        log |= {"warm_start": warm}
+    if args.family == "sdar" or init_from:
+        log |= {"command": " ".join(["python", "experiments/train_tiny.py", *(argv if argv is not None
+                                                                              else sys.argv[1:])])}
+    if args.family == "sdar":
+        readme = sdar_readme(cfg, config, log, args.init_from)
+    else:
+        readme = (f"# Small LLaDA-architecture model trained by experiments/train_tiny.py\n\n"
+                  f"```\n{json.dumps(log, indent=2)}\n```\n")
     checkpoint.save(export, config, state["params"], out / "tokenizer",
                     manifest={"source": "experiments/train_tiny.py", "training": log,
                               # what experiments/eval_gsm8k.py runs on this model when given no flags
                               "eval_data": "synthetic_math", "eval_data_spec": {"n": 500, "seed": cfg.seed},
-                              "eval_defaults": {"gen_length": cfg.gen_length, "block_length": 16,
+                              "eval_defaults": {"gen_length": cfg.gen_length,
+                                                "block_length": block_size if args.family == "sdar" else 16,
                                                 "num_fewshot": 0}},
-                    readme=f"# Small LLaDA-architecture model trained by experiments/train_tiny.py\n\n"
-                           f"```\n{json.dumps(log, indent=2)}\n```\n")
+                    readme=readme)
     print(f"wrote {export}")
 
 

@@ -1,5 +1,6 @@
 """train_tiny: LLaDA's SFT objective, resumable Orbax state, and an export `ll.load` reads."""
 
+import dataclasses
 import json
 import shutil
 
@@ -111,3 +112,164 @@ def test_training_resumes_and_exports_a_loadable_checkpoint(tmp_path, monkeypatc
         "resumed_from_step"] == 0
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(model.params), jax.tree.leaves(straight.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
+
+
+# ---------------------------------------------------------------- block diffusion (--family sdar)
+
+SDAR = ll.ModelConfig(d_model=32, n_heads=2, n_kv_heads=2, n_layers=2, mlp_hidden_size=64, vocab_size=50,
+                      embedding_size=50, mask_token_id=49, eos_token_id=48, pad_token_id=48, family="sdar",
+                      qk_norm=True, block_size=4)
+# A left-padded batch: 7 prompt columns (real prompt lengths 5, 2, 7: none a multiple of the block of 4, so the
+# first answer block holds prompt tokens too), then a 6-token answer canvas.
+P, G, T = 7, 6, 4
+PROMPT_LENGTHS = (5, 2, 7)
+
+
+def bd_batch(seed=0):
+    rng = np.random.RandomState(seed)
+    tokens = rng.randint(0, 48, (len(PROMPT_LENGTHS), P + G))
+    mask = np.ones(tokens.shape, bool)
+    for b, n in enumerate(PROMPT_LENGTHS):
+        mask[b, :P - n] = False
+        tokens[b, :P - n] = 48
+    answer = np.zeros(tokens.shape, bool)
+    answer[:, P:] = True
+    return tokens, mask, answer
+
+
+def brute_force_block_diffusion_mask(real, n_noisy, block):
+    """The rule written out with loops: columns [0, L) are the clean copy, [L, L + n_noisy) the noisy copy of
+    the last n_noisy clean columns; a position is its column minus the row's first real column."""
+    B, L = real.shape
+    out = np.zeros((B, L + n_noisy, L + n_noisy), bool)
+    for b in range(B):
+        first = int(np.argmax(real[b]))
+        for q in range(L + n_noisy):
+            q_noisy, q_col = q >= L, (q - n_noisy if q >= L else q)
+            if not real[b, q_col]:
+                out[b, q, q] = True  # padding: itself only
+                continue
+            q_block = (q_col - first) // block
+            for k in range(L + n_noisy):
+                k_noisy, k_col = k >= L, (k - n_noisy if k >= L else k)
+                if not real[b, k_col]:
+                    continue
+                k_block = (k_col - first) // block
+                if not q_noisy:
+                    out[b, q, k] = not k_noisy and k_block <= q_block
+                elif k_noisy:
+                    out[b, q, k] = k_block == q_block
+                else:
+                    out[b, q, k] = k_block < q_block
+    return out
+
+
+def test_block_diffusion_mask_equals_a_brute_force_construction():
+    tokens, mask, _ = bd_batch()
+    n = train_tiny.noisy_width(G, T, P + G)
+    assert n == G + T - 1
+    got = np.asarray(train_tiny.block_diffusion_attention(ll.model.positions_from_mask(jnp.asarray(mask)),
+                                                          jnp.asarray(mask), n, T))
+    np.testing.assert_array_equal(got, brute_force_block_diffusion_mask(mask, n, T))
+    # The noisy copy reaches back far enough: every prompt token sharing a block with an answer token is in it.
+    for b, n_prompt in enumerate(PROMPT_LENGTHS):
+        in_first_answer_block = n_prompt % T
+        assert P - in_first_answer_block >= P + G - n
+
+
+def test_block_diffusion_logits_are_what_block_causal_forward_gives_at_inference():
+    """Denoising block i in training (noisy copy, all blocks at once) scores it exactly as `forward` does on the
+    canvas a decoder holds then: blocks < i clean, block i noisy (prompt tokens kept), later blocks masked."""
+    params = ll.model.init_params(SDAR, jax.random.key(1))
+    tokens, mask, answer = bd_batch()
+    n = train_tiny.noisy_width(G, T, P + G)
+    masked = answer & (np.random.RandomState(2).rand(*tokens.shape) < 0.5)
+    noisy = np.where(masked, SDAR.mask_token_id, tokens)
+    logits = np.asarray(train_tiny.block_diffusion_logits(params, jnp.asarray(tokens), jnp.asarray(mask),
+                                                          jnp.asarray(noisy[:, -n:]), config=SDAR, gen_length=G))
+    block = np.where(mask, np.cumsum(mask, 1) - 1, -1) // T
+    checked = 0
+    for i in range(block.max() + 1):
+        canvas = np.where(block < i, tokens, np.where(block == i, noisy, SDAR.mask_token_id))
+        canvas = np.where(mask, canvas, tokens)
+        ref = np.asarray(forward(params, jnp.asarray(canvas), jnp.asarray(mask), SDAR))
+        here = (block == i) & answer
+        np.testing.assert_allclose(logits[here[:, P:]], ref[here], rtol=1e-5, atol=1e-5)
+        checked += here.sum()
+    assert checked == answer.sum()
+
+
+def one_block_loss(params, tokens, mask, block_cols):
+    """bd_sft_loss with only the answer columns `block_cols` (one grid block of every row) masked and scored."""
+    answer = np.zeros(tokens.shape, bool)
+    answer[:, block_cols] = True
+    return float(train_tiny.bd_sft_loss(params, jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(answer),
+                                        jax.random.key(5), config=SDAR, gen_length=G))
+
+
+def test_a_noisy_block_sees_its_clean_prefix_and_nothing_after_it():
+    params = ll.model.init_params(SDAR, jax.random.key(1))
+    tokens, mask, _ = bd_batch()
+    tokens, mask = tokens[:1], mask[:1]  # prompt of 5 tokens: grid blocks [2..5]=cols 2-5, [6..9]=cols 6-9, ...
+    block = (cols := np.arange(P + G)) - 2  # grid position per column (2 padding columns)
+    cols_of = lambda i: cols[(block >= 0) & (block // T == i)]  # noqa: E731
+    # Block 1 (columns 6..9): prompt column 6, answer columns 7..9.
+    scored = [c for c in cols_of(1) if c >= P]
+    base = one_block_loss(params, tokens, mask, scored)
+
+    def changed(cols_to_change):
+        t = tokens.copy()
+        t[0, cols_to_change] = (t[0, cols_to_change] + 1) % 48
+        return t
+    later = list(cols_of(2)) + list(cols_of(3))
+    assert one_block_loss(params, changed(later), mask, scored) == pytest.approx(base, rel=1e-6, abs=1e-7)
+    for prefix in (cols_of(0)[-1:], cols_of(0)[:1], [6]):  # the clean blocks before, and the block's own prompt
+        assert abs(one_block_loss(params, changed(prefix), mask, scored) - base) > 1e-5, prefix
+    # The block's own clean answer tokens reach it only as targets, never as context (no leak in any layer):
+    # the logits at the block's noisy positions do not move when they change.
+    n = train_tiny.noisy_width(G, T, P + G)
+
+    def logits_of(clean, noisy):
+        return np.asarray(train_tiny.block_diffusion_logits(params, jnp.asarray(clean), jnp.asarray(mask),
+                                                            jnp.asarray(noisy[:, -n:]), config=SDAR, gen_length=G))
+    noisy = tokens.copy()
+    noisy[0, scored] = SDAR.mask_token_id
+    at = np.asarray(scored) - P
+    np.testing.assert_allclose(logits_of(changed(scored), noisy)[0, at], logits_of(tokens, noisy)[0, at],
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_warm_start_copies_every_matching_leaf_and_keeps_the_new_ones():
+    llada = dataclasses.replace(SDAR, family="llada", qk_norm=False, block_size=0)
+    source = ll.model.init_params(llada, jax.random.key(7))
+    params, copied, kept = train_tiny.warm_start(ll.model.init_params(SDAR, jax.random.key(8)), source)
+    assert sorted(kept) == ["['blocks']['k_norm']['scale']", "['blocks']['q_norm']['scale']"]
+    assert len(copied) == len(jax.tree.leaves(source))
+    flat = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(params)}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(source):
+        np.testing.assert_array_equal(np.asarray(flat[jax.tree_util.keystr(path)]), np.asarray(leaf))
+    np.testing.assert_array_equal(np.asarray(flat["['blocks']['q_norm']['scale']"]), 1.0)
+
+
+def test_sdar_run_warm_starts_and_exports_a_block_diffusion_checkpoint(tmp_path, compilations_shared_between_runs):
+    # A tiny LLaDA checkpoint (untrained) to warm-start from, with the tokenizer a TINY run builds.
+    base = tmp_path / "llada"
+    train_tiny.main(["--out", str(base), *TINY, "--steps", "2", "--warmup", "1"])
+    run = tmp_path / "sdar"
+    train_tiny.main(["--out", str(run), *TINY, "--steps", "2", "--warmup", "1", "--family", "sdar",
+                     "--init-from", str(base / "checkpoint")])
+    saved = json.loads((run / "train_config.json").read_text())
+    assert saved["family"] == "sdar" and saved["block_size"] == 4 and saved["init_from"]
+    llada_saved = json.loads((base / "train_config.json").read_text())
+    assert set(llada_saved) == {f.name for f in dataclasses.fields(train_tiny.TrainConfig)}  # llada: as before
+    model = ll.load(run / "checkpoint", dtype="float32")
+    assert model.config.family == "sdar" and model.config.block_size == 4 and model.config.qk_norm
+    hf = json.loads((run / "checkpoint" / "config.json").read_text())
+    assert hf["model_type"] == "sdar" and hf["block_size"] == 4
+    manifest = json.loads((run / "checkpoint" / "manifest.json").read_text())
+    assert manifest["eval_defaults"] == {"gen_length": 64, "block_length": 4, "num_fewshot": 0}
+    assert manifest["training"]["warm_start"]["kept_init"] == ["['blocks']['k_norm']['scale']",
+                                                                "['blocks']['q_norm']['scale']"]
+    assert "adapting a pretrained model" in (run / "checkpoint" / "README.md").read_text()
+    with pytest.raises(SystemExit):
+        train_tiny.main(["--out", str(tmp_path / "x"), *TINY, "--block-size", "8"])  # llada has no blocks
