@@ -9,6 +9,13 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the network
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The suite compiles some two hundred small programs and runs each for milliseconds: XLA's CPU backend without
+# its expensive LLVM passes compiles them about a quarter faster (the whole suite: ~15%). It changes speed and,
+# at most, float rounding; every tolerance and token equality here holds under both (checked on
+# test_decode_vs_torch, test_model, test_dream, test_sdar, test_rules). Subprocesses inherit it (test_dist adds it
+# to its own XLA_FLAGS); benchmarks and users never see it. A caller's XLA_FLAGS win.
+TEST_XLA_FLAGS = "--xla_llvm_disable_expensive_passes=true --xla_backend_optimization_level=0"
+os.environ.setdefault("XLA_FLAGS", TEST_XLA_FLAGS)
 
 import pytest
 from hypothesis import settings

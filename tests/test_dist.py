@@ -112,12 +112,12 @@ sdar = ll.load(sys.argv[3], dtype="float32")
 sids, smask = left_pad([[5, 17, 42, 9, 9], [120, 3, 3, 250, 11, 12, 13], [77], [8, 9, 10, 11, 12, 13, 14, 15, 16]],
                        sdar.config.pad_token_id)
 res["sdar"] = []
-for strategy in ("localleap:kappa=0.5,tau=0.2", "dynamic:threshold=0.3"):
+for strategy in ("localleap:kappa=0.5,tau=0.2",):
     cfg = ll.DecodeConfig(strategy=strategy, gen_length=13, block_length=4)
     one = ll.generate(sdar, sids, smask, cfg)
-    # model <= 2: the model axis splits the 2 KV heads, not inside one (on CPU, a head split with data > 1
-    # makes XLA permute across every device while the data shards run different numbers of passes: a hang)
-    for data, mod in ((8, 1), (4, 2), (1, 8)):
+    # model <= 2 with data > 1: the model axis splits the 2 KV heads, not inside one (on CPU, a head split with
+    # data > 1 makes XLA permute across every device while the data shards run different numbers of passes: a hang)
+    for data, mod in ((4, 2), (1, 8)):
         out = ll.generate(sdar, sids, smask, cfg, mesh=make_mesh(data, mod))
         res["sdar"].append(dict(strategy=strategy, mesh=[data, mod], tokens=bool((out.tokens == one.tokens).all()),
                                 nfe=bool((out.nfe == one.nfe).all()), spread=sorted(set(one.nfe.tolist()))))
@@ -128,7 +128,8 @@ print(json.dumps(res))
 @pytest.fixture(scope="module")
 def eight_devices(converted_sharp, converted, sdar_converted):
     """What SCRIPT measured, in a process with 8 virtual CPU devices."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    flags = f"--xla_force_host_platform_device_count=8 {os.environ.get('XLA_FLAGS', '')}".strip()
+    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(converted_sharp), str(converted), str(sdar_converted)],
                        cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=1200)
@@ -176,5 +177,5 @@ def test_pmap_over_four_devices_equals_one_device(eight_devices):
 @pytest.mark.slow
 def test_a_block_diffusion_model_on_a_mesh_decodes_as_one_device(eight_devices):
     cases = eight_devices["sdar"]
-    assert len(cases) == 2 * 3 and all(c["tokens"] and c["nfe"] for c in cases), cases
+    assert len(cases) == 2 and all(c["tokens"] and c["nfe"] for c in cases), cases
     assert all(len(c["spread"]) > 1 for c in cases)  # rows of different grids finish at different passes

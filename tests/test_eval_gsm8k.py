@@ -274,14 +274,14 @@ def test_the_embedded_block_diffusion_model_runs_with_its_family_s_defaults(tmp_
     """`--checkpoint embedded-sdar` (the shipped SDAR-architecture twin): blocks of its block_size, the exact block
     cache, SDAR's dynamic rule among the defaults, and parallel decoding at a fraction of the one-token NFE."""
     out = tmp_path / "out"
-    assert eval_gsm8k.main(["--checkpoint", "embedded-sdar", "--limit", "32", "--output", str(out),
-                            "--no-compile-cache"]) == 0
+    assert eval_gsm8k.main(["--checkpoint", "embedded-sdar", "--limit", "16", "--batch-size", "16",
+                            "--output", str(out), "--no-compile-cache"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["block_length"] == 4 and summary["config"]["cache"] == "auto"
     got = summary["strategies"]
     assert list(got) == ["low_confidence", "dynamic:threshold=0.9", "threshold", "localleap"]
-    # Measured on these 32 problems: 0.906 strict for all four; NFE 65.8 (one token per pass, the grid's tail
-    # past gen_length 64 included) vs 18.1 for the parallel rules.
+    # Measured on the first 16 problems: 0.9375 strict for all four; on the first 32, 0.906 for all four, NFE 65.8
+    # (one token per pass, the grid's tail past gen_length 64 included) vs 18.1 for the parallel rules.
     for name, s in got.items():
         assert s["accuracy_strict"] >= 0.8, (name, s)
     assert got["dynamic:threshold=0.9"]["mean_nfe"] < 0.4 * got["low_confidence"]["mean_nfe"]

@@ -206,20 +206,23 @@ def test_localleap_inside_sdar_blocks_equals_its_eager_transcription(sdar8):
     print(f"localleap in blocks of 8: NFE {out.nfe[0]} vs SDAR's loop {counts['nfe']}")
 
 
-def test_a_left_padded_batch_equals_each_row_alone_with_and_without_the_cache(sdar4):
+def test_a_left_padded_batch_equals_each_row_alone_and_the_uncached_loop(sdar4):
     model, _, _ = sdar4
     lengths = [5, 8, 11, 14]  # four offsets in the block: rows decode different numbers of blocks
     ids, mask = _batch(lengths, seed=7)
     rule = ll.rule("localleap", kappa=0.5, tau=0.2)
     batch = _ours(model, ids, mask, rule, 18)
     assert batch.full_passes > 0  # passes that also stored a finished block happened
-    for cache in ("block", "none"):
-        alone_nfe = []
-        for i, n in enumerate(lengths):
-            one = _ours(model, ids[i:i + 1, -n:], None, rule, 18, cache=cache)
-            np.testing.assert_array_equal(one.tokens[0, one.prompt_length:], batch.tokens[i, batch.prompt_length:])
-            alone_nfe.append(int(one.nfe[0]))
-        assert alone_nfe == batch.nfe.tolist()
+    alone_nfe = []
+    for i, n in enumerate(lengths):
+        one = _ours(model, ids[i:i + 1, -n:], None, rule, 18)
+        np.testing.assert_array_equal(one.tokens[0, one.prompt_length:], batch.tokens[i, batch.prompt_length:])
+        alone_nfe.append(int(one.nfe[0]))
+    assert alone_nfe == batch.nfe.tolist() and len(set(alone_nfe)) > 1
+    # Without a cache (every pass recomputes the canvas, block-causally): the same tokens.
+    uncached = _ours(model, ids, mask, rule, 18, cache="none")
+    np.testing.assert_array_equal(uncached.tokens, batch.tokens)
+    assert uncached.nfe.tolist() == batch.nfe.tolist()
     # rows decode up to their grid's end: ceil((n % 4 + 18) / 4) blocks, the tail past gen_length included
     assert batch.tokens.shape[1] == batch.prompt_length + 18
     assert grid_tail(18, 4) == 3
@@ -282,9 +285,7 @@ def test_sampling_takes_the_same_gumbel_max_path_as_the_other_families(sdar4):
     model, _, _ = sdar4
     ids, mask = _batch([7, 10], seed=11)
     cfg = ll.DecodeConfig(strategy="dynamic", gen_length=12, block_length=4, temperature=1.0)
-    a, b = (ll.generate(model, ids, mask, cfg, jax.random.key(k)) for k in (0, 0))
-    c = ll.generate(model, ids, mask, cfg, jax.random.key(1))
+    a, c = (ll.generate(model, ids, mask, cfg, jax.random.key(k)) for k in (0, 1))
     greedy = ll.generate(model, ids, mask, dataclasses.replace(cfg, temperature=0.0))
-    np.testing.assert_array_equal(a.tokens, b.tokens)  # one key, one answer
     assert not np.array_equal(a.tokens, c.tokens) and not np.array_equal(a.tokens, greedy.tokens)
     assert not np.any(a.tokens[:, a.prompt_length:] == model.special.mask)
