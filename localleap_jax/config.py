@@ -313,30 +313,38 @@ def _qwen_refusals(cfg: Mapping[str, Any], *, tied_ok: bool) -> list[str]:
     return bad
 
 
-def _read_dream(cfg: Mapping[str, Any]) -> ModelConfig:
-    _refuse(_qwen_refusals(cfg, tied_ok=False))
-
-    d_model = _int(cfg, "hidden_size")
-    n_heads = _int(cfg, "num_attention_heads")
-    head_dim = cfg.get("head_dim")
-    if head_dim is not None and head_dim != d_model // n_heads:
-        _refuse([f"head_dim={head_dim!r} (only hidden_size / num_attention_heads = {d_model // n_heads})"])
+def _qwen_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The ModelConfig fields a Qwen2/Qwen3-style config.json (Dream, SDAR) names alike."""
+    d_model, n_heads = _int(cfg, "hidden_size"), _int(cfg, "num_attention_heads")
     vocab = _int(cfg, "vocab_size")
     eos = _int(cfg, "eos_token_id", minimum=0)
-    return ModelConfig(
+    return dict(
         d_model=d_model,
         n_heads=n_heads,
         n_kv_heads=_int(cfg, "num_key_value_heads", default=n_heads),
         n_layers=_int(cfg, "num_hidden_layers"),
         mlp_hidden_size=_int(cfg, "intermediate_size"),
         vocab_size=vocab,
-        embedding_size=vocab,  # Dream's vocab_size already counts every embedding row
+        embedding_size=vocab,  # as Qwen's: vocab_size counts every embedding row, the tokenizer knows fewer
         rope_theta=_positive_float(cfg, "rope_theta", 10000.0),
         rms_norm_eps=_positive_float(cfg, "rms_norm_eps", 1e-6),
         max_sequence_length=_int(cfg, "max_position_embeddings", default=32768),
         mask_token_id=_int(cfg, "mask_token_id", minimum=0),
         eos_token_id=eos,
         pad_token_id=_int(cfg, "pad_token_id", default=eos, minimum=0),
+    )
+
+
+def _read_dream(cfg: Mapping[str, Any]) -> ModelConfig:
+    _refuse(_qwen_refusals(cfg, tied_ok=False))
+
+    fields = _qwen_fields(cfg)
+    d_model, n_heads = fields["d_model"], fields["n_heads"]
+    head_dim = cfg.get("head_dim")
+    if head_dim is not None and head_dim != d_model // n_heads:
+        _refuse([f"head_dim={head_dim!r} (only hidden_size / num_attention_heads = {d_model // n_heads})"])
+    return ModelConfig(
+        **fields,
         family="dream",
         # Dream's modeling code always builds q/k/v with biases; a config may say otherwise explicitly.
         qkv_bias=_flag(cfg, "attention_bias", True),
@@ -380,30 +388,15 @@ def _read_sdar(cfg: Mapping[str, Any]) -> ModelConfig:
     if cfg.get("attention_bias"):
         bad.append("attention_bias=true (Qwen3 then biases q/k/v and o; not implemented)")
     _refuse(bad)
-    d_model = _int(cfg, "hidden_size")
-    n_heads = _int(cfg, "num_attention_heads")
     if cfg.get("mask_token_id") is None:
         raise ConfigError("config.json has no mask_token_id (SDAR's tokenizer names it <|MASK|>): convert the "
                           "checkpoint with `python -m convert SRC OUT`, which reads it from the tokenizer")
-    vocab = _int(cfg, "vocab_size")
-    eos = _int(cfg, "eos_token_id", minimum=0)
+    fields = _qwen_fields(cfg)
     return ModelConfig(
-        d_model=d_model,
-        n_heads=n_heads,
-        n_kv_heads=_int(cfg, "num_key_value_heads", default=n_heads),
-        n_layers=_int(cfg, "num_hidden_layers"),
-        mlp_hidden_size=_int(cfg, "intermediate_size"),
-        vocab_size=vocab,
-        embedding_size=vocab,  # as Qwen's: vocab_size counts every embedding row, the tokenizer knows fewer
-        rope_theta=_positive_float(cfg, "rope_theta", 10000.0),
-        rms_norm_eps=_positive_float(cfg, "rms_norm_eps", 1e-6),
-        max_sequence_length=_int(cfg, "max_position_embeddings", default=32768),
-        mask_token_id=_int(cfg, "mask_token_id", minimum=0),
-        eos_token_id=eos,
-        pad_token_id=_int(cfg, "pad_token_id", default=eos, minimum=0),
+        **fields,
         family="sdar",
         qk_norm=True,
-        explicit_head_dim=_int(cfg, "head_dim", default=d_model // n_heads),
+        explicit_head_dim=_int(cfg, "head_dim", default=fields["d_model"] // fields["n_heads"]),
         tie_word_embeddings=_flag(cfg, "tie_word_embeddings", False),
         block_size=_int(cfg, "block_size", default=SDAR_DEFAULT_BLOCK_SIZE),
     )

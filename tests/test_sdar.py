@@ -210,17 +210,17 @@ def test_a_left_padded_batch_equals_each_row_alone_and_the_uncached_loop(sdar4):
     model, _, _ = sdar4
     lengths = [5, 8, 11, 14]  # four offsets in the block: rows decode different numbers of blocks
     ids, mask = _batch(lengths, seed=7)
-    rule = ll.rule("localleap", kappa=0.5, tau=0.2)
-    batch = _ours(model, ids, mask, rule, 18)
+    kappas = [0.5, 0.7, 0.6, 0.5]  # per-row settings, as for LLaDA
+    batch = _ours(model, ids, mask, ll.rule("localleap", kappa=np.asarray(kappas), tau=0.2), 18)
     assert batch.full_passes > 0  # passes that also stored a finished block happened
     alone_nfe = []
     for i, n in enumerate(lengths):
-        one = _ours(model, ids[i:i + 1, -n:], None, rule, 18)
+        one = _ours(model, ids[i:i + 1, -n:], None, ll.rule("localleap", kappa=kappas[i], tau=0.2), 18)
         np.testing.assert_array_equal(one.tokens[0, one.prompt_length:], batch.tokens[i, batch.prompt_length:])
         alone_nfe.append(int(one.nfe[0]))
     assert alone_nfe == batch.nfe.tolist() and len(set(alone_nfe)) > 1
     # Without a cache (every pass recomputes the canvas, block-causally): the same tokens.
-    uncached = _ours(model, ids, mask, rule, 18, cache="none")
+    uncached = _ours(model, ids, mask, ll.rule("localleap", kappa=np.asarray(kappas), tau=0.2), 18, cache="none")
     np.testing.assert_array_equal(uncached.tokens, batch.tokens)
     assert uncached.nfe.tolist() == batch.nfe.tolist()
     # rows decode up to their grid's end: ceil((n % 4 + 18) / 4) blocks, the tail past gen_length included
