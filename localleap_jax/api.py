@@ -15,6 +15,7 @@ from __future__ import annotations
 import jax
 
 from localleap_jax.checkpoint import Model
+from localleap_jax.convert_hf import resolve_checkpoint
 from localleap_jax.decode import DecodeConfig, DecodeError, Generation, generate as generate_on_one_device
 from localleap_jax.dist import multihost
 from localleap_jax.dist.mesh import generate_sharded
@@ -22,9 +23,10 @@ from localleap_jax.dist.pmap import generate_parallel
 
 
 def load(path, dtype="bfloat16", verify: bool = True, mesh=None) -> Model:
-    """Restore a checkpoint directory (see `localleap_jax.checkpoint.load`): into `dtype`, on one device or,
-    with `mesh`, straight into each parameter's shards; on several processes, every process at once."""
-    return multihost.load(path, dtype=dtype, verify=verify, mesh=mesh)
+    """Restore a checkpoint (see `localleap_jax.checkpoint.load`): into `dtype`, on one device or, with `mesh`,
+    straight into each parameter's shards; on several processes, every process at once. `path`: a checkpoint
+    directory, "embedded" / "embedded-sdar" (the shipped small models), or a hub id (converted once)."""
+    return multihost.load(resolve_checkpoint(path), dtype=dtype, verify=verify, mesh=mesh)
 
 
 def generate(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,

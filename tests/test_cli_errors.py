@@ -461,6 +461,10 @@ ROWS = [
     ("adapter-gen-length-beyond-the-model", f"{ADAPTER},gen_length=512,block_length=16 --tasks gsm8k_mini "
                                             "--include_path {tmp}/tasks",
      r"^gen_length=512 leaves no room for a prompt: the model's max_sequence_length is 512$"),
+    # a hub task offline (the suite runs with HF_DATASETS_OFFLINE=1): one line naming the local-task route
+    ("adapter-hub-task-offline", f"{ADAPTER},gen_length=64,block_length=16 --tasks gsm8k --limit 2",
+     r"^lm-eval could not download the data of --tasks gsm8k \(ConnectionError: .*\): offline or the hub is "
+     r"unreachable\. GSM8K from local files works offline: python -m localleap_jax\.lm_eval\.local_task OUT"),
     # a generation task and a log-likelihood task: refused before any generation (no stats are written)
     ("adapter-mixed-tasks", f"{ADAPTER},stats_path={{out}}/stats.jsonl --tasks gsm8k_mini,mc_local "
                             "--include_path {tmp}/tasks",

@@ -292,3 +292,19 @@ def test_a_model_without_the_loops_seam_is_refused_by_name():
         config = config()
     with pytest.raises(ll.DecodeError, match=r"Params has no denoiser, special"):
         ll.generate(Params(), *prompts(1), ll.DecodeConfig(gen_length=G, block_length=T))
+
+
+def test_the_deprecated_fields_warn_once_where_python_code_sets_them_and_nowhere_else():
+    import warnings
+
+    import localleap_jax as ll
+    from localleap_jax.decode.config import replaced, with_shared_settings
+
+    with pytest.warns(DeprecationWarning, match=r"ll.rule\('localleap', kappa=\.\.\., tau=\.\.\.\)") as caught:
+        cfg = ll.DecodeConfig(strategy="localleap", kappa=0.8, tau=0.7)
+    assert len(caught) == 1 and caught[0].filename == __file__  # attributed to the caller, not the library
+    assert cfg.rule == ll.rule("localleap", kappa=0.8, tau=0.7)  # and still mapped onto the rule
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        ll.DecodeConfig(strategy=ll.rule("localleap", kappa=0.8))  # the rule form: silent
+        replaced(with_shared_settings(strategy="threshold", kappa=0.8), gen_length=64)  # the flags' route: silent

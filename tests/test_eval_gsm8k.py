@@ -270,13 +270,17 @@ def test_ctrl_c_keeps_what_is_done_says_so_in_one_line_and_the_rerun_resumes(sma
     assert len(_rows(out)) == 40
 
 
-def test_the_embedded_block_diffusion_model_runs_with_its_family_s_defaults(tmp_path):
+def test_the_embedded_block_diffusion_model_runs_with_its_family_s_defaults(tmp_path, capfd):
     """`--checkpoint embedded-sdar` (the shipped SDAR-architecture twin): blocks of its block_size, the exact block
     cache, SDAR's dynamic rule among the defaults, and parallel decoding at a fraction of the one-token NFE."""
     out = tmp_path / "out"
     assert eval_gsm8k.main(["--checkpoint", "embedded-sdar", "--limit", "16", "--batch-size", "16",
                             "--output", str(out), "--no-compile-cache"]) == 0
     summary = json.loads((out / "summary.json").read_text())
+    err = capfd.readouterr().err
+    # lm-eval's notes on what the run asked for on purpose are silenced (the case: 0-shot over a 5-shot task)
+    assert "Overwriting default num_fewshot" not in err and "Generating test split" not in err
+    assert summary["config"]["num_fewshot"] == 0
     assert summary["config"]["block_length"] == 4 and summary["config"]["cache"] == "auto"
     got = summary["strategies"]
     assert list(got) == ["low_confidence", "dynamic:threshold=0.9", "threshold", "localleap"]
@@ -286,3 +290,16 @@ def test_the_embedded_block_diffusion_model_runs_with_its_family_s_defaults(tmp_
         assert s["accuracy_strict"] >= 0.8, (name, s)
     assert got["dynamic:threshold=0.9"]["mean_nfe"] < 0.4 * got["low_confidence"]["mean_nfe"]
     assert got["low_confidence"]["mean_nfe"] >= 64  # one token per pass over at least gen_length positions
+
+
+def test_the_live_accuracy_waits_for_enough_answers():
+    from types import SimpleNamespace
+
+    from localleap_jax.gsm8k.progress import RunningAccuracy
+
+    acc = RunningAccuracy(shown_after=4)
+    req = SimpleNamespace(doc={"answer": "3 + 4 = 7\n#### 7"})
+    acc([req] * 3, ["#### 7", "#### 7", "#### 7"], None)
+    assert acc.postfix == {}  # three answers, all right: a 1.000 that says nothing yet
+    acc([req], ["#### 8"], None)
+    assert acc.postfix == {"acc": "0.750 of 4"}

@@ -8,6 +8,7 @@ the stop policy and the recorder.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,14 @@ class DecodeConfig:
     # "prefix" | "dual": Fast-dLLM's approximate KV caches (bidirectional models). See decode/cache.py.
     cache: str = "auto"
     prompt_bucket: int = 64  # prompts are left-padded to a multiple of this, to bound recompiles
+
+    def __post_init__(self):
+        legacy = [k for k in LEGACY_SETTINGS if getattr(self, k) is not None]
+        if legacy:  # stacklevel 3: the caller of DecodeConfig(...), past __init__
+            name = self.strategy if isinstance(self.strategy, str) else getattr(self.strategy, "name", "localleap")
+            warnings.warn(f"DecodeConfig({', '.join(f'{k}=...' for k in legacy)}) is deprecated: set them on the rule, "
+                          f"DecodeConfig(strategy=ll.rule({name.split(':')[0]!r}, {', '.join(f'{k}=...' for k in legacy)}))",
+                          DeprecationWarning, stacklevel=3)
 
     @property
     def num_blocks(self) -> int:
@@ -151,6 +160,22 @@ class DecodeConfig:
     def from_json(cls, data: dict) -> "DecodeConfig":
         fields = {k: v for k, v in data.items() if k != "rule"}
         return cls(strategy=rules.rule_from_json(data["rule"]), **fields)
+
+
+def with_shared_settings(**fields) -> DecodeConfig:
+    """A DecodeConfig from command-line style fields, where kappa/tau/radius/steps are the documented shared
+    settings of the rules that take them (--kappa, model_args kappa=): the same mapping, without the
+    deprecation warning meant for Python callers."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return DecodeConfig(**fields)
+
+
+def replaced(cfg: DecodeConfig, **changes) -> DecodeConfig:
+    """`dataclasses.replace` for a config whose shared settings were given the command-line way."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return dataclasses.replace(cfg, **changes)
 
 
 def _settings_taken(cls) -> set[str]:

@@ -11,10 +11,12 @@ STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")  # lm-eval gsm8k strict-match, for 
 
 
 class RunningAccuracy:
-    """Live strict-match accuracy for the progress bar (the reported numbers come from lm-eval)."""
+    """Live strict-match accuracy for the progress bar (the reported numbers come from lm-eval), shown once
+    `shown_after` answers are in (before that a first batch's 1.000 says nothing), with the count it is over."""
 
-    def __init__(self):
+    def __init__(self, shown_after: int = 100):
         self.correct = self.n = 0
+        self.shown_after = shown_after
         self.postfix = {}
 
     def __call__(self, requests, texts, stats):
@@ -23,7 +25,8 @@ class RunningAccuracy:
             m = STRICT.search(text)
             self.correct += bool(m) and m.group(1).replace(",", "").rstrip(".") == gold
             self.n += 1
-        self.postfix = {"acc": f"{self.correct / self.n:.3f}"}
+        if self.n >= self.shown_after:
+            self.postfix = {"acc": f"{self.correct / self.n:.3f} of {self.n}"}
 
 
 @dataclasses.dataclass

@@ -4,7 +4,9 @@ timing stats, and their summary."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import re
 from pathlib import Path
 
@@ -36,6 +38,31 @@ def task_manager(include: Path | None):
     return TaskManager(include_path=str(include), include_defaults=False)
 
 
+class _ExpectedNotes(logging.Filter):
+    """lm-eval's notes about what this run asked for on purpose (the few-shot count it passes) are not
+    problems: dropped, so the warnings that remain are real ones."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Overwriting default num_fewshot")
+
+
+@contextlib.contextmanager
+def expected_notes_silenced():
+    import datasets
+
+    log = logging.getLogger("lm_eval.evaluator")
+    note = _ExpectedNotes()
+    log.addFilter(note)
+    bars = datasets.utils.logging.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # "Generating test split": datasets reading the task's JSONL
+    try:
+        yield
+    finally:
+        log.removeFilter(note)
+        if bars:
+            datasets.enable_progress_bars()
+
+
 def evaluate_once(model, cfg, key: dict, cache: Path, settings: EvalSettings, task: Task, progress: Progress):
     """One lm-eval pass of `cfg` over the task, resuming from the response cache `cache` (claimed with `key`);
     returns (its LocalLeapLM, lm-eval's samples)."""
@@ -48,9 +75,11 @@ def evaluate_once(model, cfg, key: dict, cache: Path, settings: EvalSettings, ta
                      **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
     progress.models.append(lm)
     try:
-        res = lm_eval.simple_evaluate(model=lm, tasks=[task.name], task_manager=task_manager(task.include),
-                                      num_fewshot=settings.num_fewshot, limit=settings.limit, use_cache=str(cache),
-                                      log_samples=True, bootstrap_iters=0, random_seed=settings.seed)
+        with expected_notes_silenced():
+            res = lm_eval.simple_evaluate(model=lm, tasks=[task.name], task_manager=task_manager(task.include),
+                                          num_fewshot=settings.num_fewshot, limit=settings.limit,
+                                          use_cache=str(cache), log_samples=True, bootstrap_iters=0,
+                                          random_seed=settings.seed)
     except PromptTooLongError as e:
         fix = ("even with every few-shot example dropped; lower --gen-length" if e.truncating else
                "pass --truncate-fewshot to drop few-shot examples, or lower --num-fewshot or --gen-length")

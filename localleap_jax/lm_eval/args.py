@@ -15,6 +15,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from localleap_jax.decode import DecodeConfig, DecodeError, check_room
+from localleap_jax.decode.config import replaced, with_shared_settings
 from localleap_jax.partition import parse_mesh
 from localleap_jax.rules import RULES
 from localleap_jax.rules.base import make_spec, settings_of
@@ -199,7 +200,7 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
     try:
         # Without a block_length the model decides it (a block-diffusion model's own): `fit_to_model` checks
         # the canvas once the model is loaded.
-        cfg = DecodeConfig(**decode).validate(canvas="block_length" in decode)
+        cfg = with_shared_settings(**decode).validate(canvas="block_length" in decode)
     except DecodeError as e:
         raise ModelArgsError(f"model_args: {e}") from None
     return settings, cfg
@@ -218,7 +219,7 @@ def fit_to_model(cfg: DecodeConfig, config, given: dict[str, Any]) -> DecodeConf
     block_length was given (and then it must match), checked with everything else that depends on the model
     (a bidirectional model keeps the default block_length and has its canvas checked here)."""
     if config.block_causal and "block_length" not in given:
-        cfg = dataclasses.replace(cfg, block_length=config.block_size)
+        cfg = replaced(cfg, block_length=config.block_size)
     try:
         return cfg.validate(config)
     except DecodeError as e:

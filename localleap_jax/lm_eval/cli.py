@@ -80,6 +80,31 @@ def preflight(given: dict) -> None:
     check_checkpoint(settings, cfg)
 
 
+# What the hub libraries raise when a task's data cannot be fetched (offline, unreachable, no such dataset).
+_UNREACHABLE = ("ConnectionError", "OfflineModeIsEnabled", "LocalEntryNotFoundError", "DatasetNotFoundError",
+                "MaxRetryError", "NameResolutionError", "ConnectTimeout")
+
+
+def unreachable_data(error: BaseException) -> BaseException | None:
+    """The exception in `error`'s chain that says a download failed, if any."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if type(error).__name__ in _UNREACHABLE:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def offline_message(error: BaseException, tasks) -> str:
+    from localleap_jax.errors import first_line
+
+    tasks = ",".join(map(str, tasks)) if isinstance(tasks, (list, tuple)) else tasks
+    return (f"lm-eval could not download the data of --tasks {tasks} ({type(error).__name__}: {first_line(error)}): "
+            "offline or the hub is unreachable. GSM8K from local files works offline: python -m "
+            "localleap_jax.lm_eval.local_task OUT [--data FILE.jsonl], then --include_path OUT/tasks --tasks gsm8k_local")
+
+
 def _cli_model_args(args) -> dict:
     """The model arguments lm-eval's command line will pass (its --batch_size beside --model_args)."""
     given = dict(getattr(args, "model_args", None) or {})
@@ -113,6 +138,12 @@ def main(argv: list[str] | None = None) -> int:
         processes.exit_lost(str(e))
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a task whose data lm-eval cannot fetch: one line saying what to do instead
+        cause = unreachable_data(e)
+        if cause is None:
+            raise
+        print(f"error: {offline_message(cause, getattr(args, 'tasks', '?'))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         cache = getattr(args, "use_cache", None)

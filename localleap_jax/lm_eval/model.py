@@ -29,6 +29,7 @@ from localleap_jax.compile_cache import enable_compilation_cache
 from localleap_jax.convert_hf import resolve_checkpoint
 from localleap_jax.decode import DecodeConfig
 from localleap_jax.dist.multihost import leader
+from localleap_jax.decode.config import replaced
 from localleap_jax.lm_eval.args import (check_gen_length, default_dtype, fit_to_model, parse_model_args,
                                        refuse_python_only)
 from localleap_jax.lm_eval.devices import join_and_mesh
@@ -215,7 +216,7 @@ class LocalLeapLM(LM):
 
     def _config_for(self, gen_kwargs: dict) -> DecodeConfig:
         if gen_kwargs.get("do_sample") and float(gen_kwargs.get("temperature") or 0) > 0:
-            return dataclasses.replace(self.cfg, temperature=float(gen_kwargs["temperature"]))
+            return replaced(self.cfg, temperature=float(gen_kwargs["temperature"]))
         return self.cfg
 
     def _append_stats(self, rows: list[dict]) -> None:
