@@ -127,26 +127,27 @@ TRACE_CONF_TOLERANCE = 6e-6
 
 
 def test_a_sweep_compiles_once_and_one_batch_holds_the_whole_grid(sharp):
-    """5 kappa x 5 tau of LocalLeap on 16 prompts: 25 separate runs compile one program between them, and
-    one batch whose rows carry the 25 settings (400 rows) gives, row for row, the same tokens and NFE."""
+    """4 kappa x 4 tau of LocalLeap on 12 prompts: 16 separate runs compile one program between them, and
+    one batch whose rows carry the 16 settings (192 rows) gives, row for row, the same tokens and NFE."""
     model, _ = sharp
     rng = np.random.RandomState(0)
-    prompts = [rng.randint(3, 290, rng.randint(3, 12)).tolist() for _ in range(16)]
+    n = 12
+    prompts = [rng.randint(3, 290, rng.randint(3, 12)).tolist() for _ in range(n)]
     ids, mask = left_pad(prompts, model.config.pad_token_id)
-    grid = [(k, t) for k in (0.7, 0.8, 0.9, 0.95, 0.99) for t in (0.3, 0.45, 0.6, 0.65, 0.7)]
+    grid = [(k, t) for k in (0.7, 0.8, 0.95, 0.99) for t in (0.3, 0.45, 0.6, 0.7)]
     base = dict(gen_length=16, block_length=8)
     compiled_before = len(compiled_programs())
     runs = [ll.generate(model, ids, mask, ll.DecodeConfig(strategy=ll.rule("localleap", kappa=k, tau=t, radius=2),
                                                           **base)) for k, t in grid]
     assert len(compiled_programs()) == compiled_before + 1
     assert sum(r.compile_seconds > 0 for r in runs) == 1
-    kappa = np.repeat([k for k, _ in grid], 16)
-    tau = np.repeat([t for _, t in grid], 16)
-    batch = ll.generate(model, np.tile(ids, (25, 1)), np.tile(mask, (25, 1)),
+    kappa = np.repeat([k for k, _ in grid], n)
+    tau = np.repeat([t for _, t in grid], n)
+    batch = ll.generate(model, np.tile(ids, (len(grid), 1)), np.tile(mask, (len(grid), 1)),
                         ll.DecodeConfig(strategy=ll.rule("localleap", kappa=kappa, tau=tau, radius=2), **base))
     for i, run in enumerate(runs):
-        np.testing.assert_array_equal(batch.tokens[i * 16:(i + 1) * 16], run.tokens, err_msg=str(grid[i]))
-        np.testing.assert_array_equal(batch.nfe[i * 16:(i + 1) * 16], run.nfe)
+        np.testing.assert_array_equal(batch.tokens[i * n:(i + 1) * n], run.tokens, err_msg=str(grid[i]))
+        np.testing.assert_array_equal(batch.nfe[i * n:(i + 1) * n], run.nfe)
     assert len({tuple(r.nfe) for r in runs}) > 5  # the settings changed the decoding
 
 
@@ -303,77 +304,6 @@ def test_dual_cache_keeps_localleap_accuracy_on_the_embedded_model():
 # 99% of outputs identical. The margins absorb floating-point differences between CPUs.
 DUAL_ACCURACY_MARGIN = 0.03
 DUAL_IDENTICAL_AT_LEAST = 0.9
-
-
-# ---------------------------------------------------------------- Dream: the shifted family
-
-
-def _dream(tmp_path_factory, tok, n_layers, seed):
-    """A converted random Dream-layout model whose confidences spread, and its Qwen2 torch twin."""
-    from helpers import random_dream_tensors, tiny_dream_config, write_dream_checkpoint
-    from convert.dream import convert
-
-    cfg = tiny_dream_config(320, tok.mask_token_id, tok.eos_token_id, num_hidden_layers=n_layers)
-    tensors = random_dream_tensors(cfg, seed=seed, head_scale=20.0)
-    d = tmp_path_factory.mktemp(f"dream{n_layers}")
-    convert(str(write_dream_checkpoint(d / "hf", cfg, tensors, tok)), str(d / "ck"), progress=False)
-    return ll.load(d / "ck", dtype="float32"), reference_torch.qwen2_from_dream(cfg, tensors)
-
-
-@pytest.fixture(scope="module")
-def sharp_dream(tmp_path_factory, dream_tokenizer):
-    return _dream(tmp_path_factory, dream_tokenizer, n_layers=2, seed=21)
-
-
-@pytest.fixture(scope="module")
-def one_layer_dream(tmp_path_factory, dream_tokenizer):
-    return _dream(tmp_path_factory, dream_tokenizer, n_layers=1, seed=22)
-
-
-@pytest.mark.parametrize("strategy", ["threshold", "localleap", "low_confidence"])
-def test_dream_decodes_as_the_eager_loop_with_the_shift(sharp_dream, strategy):
-    """Dream predicts position i from the hidden state at i - 1: a left-padded batch equals the eager
-    loop (transformers' Qwen2, logits shifted before anything else) row by row, tokens and NFE."""
-    model, torch_model = sharp_dream
-    assert model.config.logits_shift == 1 and model.tokenizer.vocab_size < model.config.embedding_size
-    setting = dict(gen_length=24, block_length=8, **({"kappa": 0.8, "tau": 0.5} if strategy != "low_confidence" else {}))
-    ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
-    out = ll.generate(model, ids, mask, ll.DecodeConfig(strategy=strategy, **setting))
-    unshifted = []
-    for r, prompt in enumerate(PROMPTS):
-        kw = dict(strategy=strategy, mask_id=model.config.mask_token_id, eos_id=model.config.eos_token_id,
-                  eot_id=model.tokenizer.eot_id, vocab_limit=model.tokenizer.vocab_size, **setting)
-        x, nfe = reference_torch.eager_generate(torch_model, torch.tensor([prompt]), shift=1, **kw)
-        np.testing.assert_array_equal(out.tokens[r, out.prompt_length:], x[0, len(prompt):].numpy(), err_msg=f"row {r}")
-        assert out.nfe[r] == nfe[0]
-        x0, _ = reference_torch.eager_generate(torch_model, torch.tensor([prompt]), shift=0, **kw)
-        unshifted.append((x0[0, len(prompt):].numpy() != x[0, len(prompt):].numpy()).any())
-    assert any(unshifted)  # the shift changes what is decoded: a loop that ignored it would fail above
-
-
-@pytest.mark.parametrize("cache", ["prefix", "dual"])
-@pytest.mark.parametrize("strategy", ["threshold", "localleap"])
-def test_dream_caches_are_exact_where_they_cannot_go_stale(one_layer_dream, cache, strategy):
-    """One layer: K/V depend only on each position's token, so prefix and dual caches must equal no cache.
-    With the shift, a block's first token is predicted from the position before the block: the cached
-    pass must recompute that position's hidden state (from this pass's block), not reuse the refresh's."""
-    model, torch_model = one_layer_dream
-    ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
-    base = dict(strategy=strategy, gen_length=32, block_length=8, kappa=0.8, tau=0.5, radius=2)
-    want = ll.generate(model, ids, mask, ll.DecodeConfig(**base))
-    got = ll.generate(model, ids, mask, ll.DecodeConfig(**base, cache=cache))
-    np.testing.assert_array_equal(got.tokens, want.tokens)
-    np.testing.assert_array_equal(got.nfe, want.nfe)
-    assert got.full_passes == 4 and want.forward_passes > 4  # one refresh per block; more than one pass per block
-    for r, prompt in enumerate(PROMPTS):  # and no cache is the eager loop
-        x, nfe = reference_torch.eager_generate(
-            torch_model, torch.tensor([prompt]), shift=1, mask_id=model.config.mask_token_id,
-            eos_id=model.config.eos_token_id, eot_id=model.tokenizer.eot_id, vocab_limit=model.tokenizer.vocab_size,
-            **base)
-        np.testing.assert_array_equal(want.tokens[r, want.prompt_length:], x[0, len(prompt):].numpy())
-
-
-# ---------------------------------------------------------------- LLaDA's switches on a model that emits EOS and EOT
 
 
 @pytest.fixture(scope="module")

@@ -31,9 +31,15 @@ def test_every_snippet_has_an_expectation():
 
 @pytest.mark.parametrize("index", range(len(EXPECTED)))
 def test_the_readme_snippet_runs_and_prints_what_it_says(index):
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(SNIPPETS[index], f"README.md python snippet {index + 1}", "exec"), {"__name__": "__readme__"})
+    from localleap_jax.rules import RULES
+
+    out, registered = io.StringIO(), dict(RULES)
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(SNIPPETS[index], f"README.md python snippet {index + 1}", "exec"), {"__name__": "__readme__"})
+    finally:  # the rules a snippet registers are its own: the next test sees the registry as it was
+        RULES.clear()
+        RULES.update(registered)
     printed = out.getvalue().strip()
     print(printed)
     assert re.search(EXPECTED[index], printed, flags=re.S | re.M), printed
