@@ -233,7 +233,8 @@ print(json.dumps(out))
 def test_command_line_mistakes_end_in_one_line_and_leave_nothing(tmp_path):
     out = tmp_path / "out"
     flags = [[*f, "--output", str(out), "--limit", "2"] for f, _ in MISTAKES]
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count=4 {os.environ.get('XLA_FLAGS', '')}",
+           "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-c", MISTAKES_SCRIPT, json.dumps(flags),
                         json.dumps([a for a, _ in ADAPTER_MISTAKES]), str(REPO / "experiments")], cwd=tmp_path, env=env, capture_output=True,
@@ -324,7 +325,8 @@ class Run:
     def __init__(self, tmp: Path, name: str, flags: list[str], port: int):
         self.logs = tmp / name
         self.logs.mkdir()
-        base = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
+        base = {**os.environ, "JAX_PLATFORMS": "cpu",
+                "XLA_FLAGS": f"--xla_force_host_platform_device_count=2 {os.environ.get('XLA_FLAGS', '')}",
                 "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                 "LOCALLEAP_COMPILE_CACHE": str(tmp / "xla-cache"), "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, str(REPO / "experiments" / "eval_gsm8k.py"), *flags, "--coordinator",
