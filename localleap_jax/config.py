@@ -351,10 +351,9 @@ def _read_dream(cfg: Mapping[str, Any]) -> ModelConfig:
     )
 
 
-def _write_dream(c: ModelConfig) -> dict[str, Any]:
+def _qwen_keys(c: ModelConfig) -> dict[str, Any]:
+    """The config.json keys a Qwen2/Qwen3-style family (Dream, SDAR) writes alike."""
     return {
-        "architectures": ["DreamModel"],
-        "model_type": "Dream",
         "hidden_size": c.d_model,
         "num_attention_heads": c.n_heads,
         "num_key_value_heads": c.n_kv_heads,
@@ -367,6 +366,14 @@ def _write_dream(c: ModelConfig) -> dict[str, Any]:
         "rope_scaling": None,
         "max_position_embeddings": c.max_sequence_length,
         "use_sliding_window": False,
+    }
+
+
+def _write_dream(c: ModelConfig) -> dict[str, Any]:
+    return {
+        "architectures": ["DreamModel"],
+        "model_type": "Dream",
+        **_qwen_keys(c),
         "sliding_window": None,
         "tie_word_embeddings": False,
         "attention_bias": c.qkv_bias,
@@ -406,19 +413,8 @@ def _write_sdar(c: ModelConfig) -> dict[str, Any]:
     return {
         "architectures": ["SDARForCausalLM"],
         "model_type": "sdar",
-        "hidden_size": c.d_model,
-        "num_attention_heads": c.n_heads,
-        "num_key_value_heads": c.n_kv_heads,
+        **_qwen_keys(c),
         "head_dim": c.head_dim,
-        "num_hidden_layers": c.n_layers,
-        "intermediate_size": c.mlp_hidden_size,
-        "vocab_size": c.embedding_size,
-        "hidden_act": "silu",
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
-        "rope_scaling": None,
-        "max_position_embeddings": c.max_sequence_length,
-        "use_sliding_window": False,
         "tie_word_embeddings": c.tie_word_embeddings,
         "attention_bias": False,
         "block_size": c.block_size,
