@@ -29,7 +29,7 @@ prompts = [[5, 17, 42], [120, 3, 3, 250, 11], [77], [8, 9, 10, 11], [200, 201], 
 ids, mask = left_pad(prompts, model.config.pad_token_id)  # 7 rows: no mesh below divides them evenly
 meshes = [(8, 1), (4, 2), (2, 4), (1, 8)]
 res = {"cases": []}
-for strategy in ("localleap", "threshold", "low_confidence"):
+for strategy in ("localleap", "low_confidence"):  # (threshold is localleap without its relaxed clause)
     for cache in ("none", "dual"):
         cfg = ll.DecodeConfig(strategy=ll.rule(strategy), gen_length=16, block_length=8, cache=cache)
         one = ll.generate(model, ids, mask, cfg)
@@ -142,8 +142,8 @@ def test_every_mesh_decodes_exactly_as_one_device(eight_devices):
     res = eight_devices
     for case in res["cases"]:
         assert case["tokens"] and case["nfe"] and case["shape"][0] == 7, case
-    assert len(res["cases"]) == 3 * 2 * 4
-    assert all(len(s) > 1 for s in res["nfe_spread"][:4])  # rows finish at different passes (the per-shard loop matters)
+    assert len(res["cases"]) == 2 * 2 * 4
+    assert all(len(s) > 1 for s in res["nfe_spread"][:2])  # localleap: rows finish at different passes (the per-shard loop matters)
 
 
 @pytest.mark.slow
