@@ -7,6 +7,7 @@ the stop policy and the recorder.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 from typing import Any
@@ -162,19 +163,24 @@ class DecodeConfig:
         return cls(strategy=rules.rule_from_json(data["rule"]), **fields)
 
 
-def with_shared_settings(**fields) -> DecodeConfig:
-    """A DecodeConfig from command-line style fields, where kappa/tau/radius/steps are the documented shared
-    settings of the rules that take them (--kappa, model_args kappa=): the same mapping, without the
-    deprecation warning meant for Python callers."""
+@contextlib.contextmanager
+def _shared_settings_route():
+    """kappa/tau/radius/steps given the command-line way (--kappa, model_args kappa=) are the documented shared
+    settings of the rules that take them: the same mapping as the deprecated Python form, without its warning."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
+        yield
+
+
+def with_shared_settings(**fields) -> DecodeConfig:
+    """A DecodeConfig from command-line style fields (see `_shared_settings_route`)."""
+    with _shared_settings_route():
         return DecodeConfig(**fields)
 
 
 def replaced(cfg: DecodeConfig, **changes) -> DecodeConfig:
     """`dataclasses.replace` for a config whose shared settings were given the command-line way."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
+    with _shared_settings_route():
         return dataclasses.replace(cfg, **changes)
 
 

@@ -33,10 +33,7 @@ def read_model_config(path: Path) -> ModelConfig:
 
 def check_gen_length(gen_length: int, path: Path) -> None:
     """--gen-length against the model's length, from config.json (before loading the weights)."""
-    try:
-        limit = ModelConfig.from_json_file(path / "config.json").max_sequence_length
-    except ConfigError as e:
-        raise UserError(f"{path}: {e}") from None
+    limit = read_model_config(path).max_sequence_length
     try:
         check_room(gen_length, limit)
     except DecodeError as e:  # named as the command lines' flag: "--gen-length 512 leaves no room ..."
