@@ -1,7 +1,8 @@
-"""The front door: `ll.load` and `ll.generate`, which choose where the work runs.
+"""The front door: `ll.load`, `ll.generate` and `ll.loglikelihood`, which choose where the work runs.
 
     model = ll.load(path, dtype="bfloat16", verify=True, mesh=None)
     out = ll.generate(model, ids, mask, cfg, rng, trace=False, mesh=None, devices=None)
+    logp = ll.loglikelihood(model, contexts, continuations, ll.LikelihoodConfig(), mesh=None)
 
 `generate` runs on one device by default; with `devices` (several local devices) the batch is split over
 them with a full copy of the weights on each (pmap); with `mesh` (a (data, model) mesh from
@@ -18,8 +19,9 @@ from localleap_jax.checkpoint import Model
 from localleap_jax.convert_hf import resolve_checkpoint
 from localleap_jax.decode import DecodeConfig, DecodeError, Generation, generate as generate_on_one_device
 from localleap_jax.dist import multihost
-from localleap_jax.dist.mesh import generate_sharded
+from localleap_jax.dist.mesh import LikelihoodOnMesh, generate_sharded
 from localleap_jax.dist.pmap import generate_parallel
+from localleap_jax.likelihood import LikelihoodConfig, greedy_match, loglikelihood as loglikelihood_on
 
 
 def load(path, dtype="bfloat16", verify: bool = True, mesh=None) -> Model:
@@ -43,3 +45,26 @@ def generate(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax
     if devices is not None:
         return generate_parallel(model, ids, mask, cfg, rng, devices=devices, trace=trace)
     return generate_on_one_device(model, ids, mask, cfg, rng, trace=trace)
+
+
+def loglikelihood(model, contexts, continuations, lcfg: LikelihoodConfig = LikelihoodConfig(), *, mesh=None,
+                  progress: bool = False, greedy: bool = False):
+    """One Monte-Carlo estimate of log p(continuation | context) per request: np.ndarray [N] float64.
+
+    `contexts`, `continuations`: lists of token-id lists (`localleap_jax.likelihood.encode_pair` splits text as
+    the authors do). The family's own estimator (LLaDA's for LLaDA, Dream's for Dream) unless
+    `lcfg.estimator` names one; see `LikelihoodConfig`. `mesh` splits the requests over "data" and the weights
+    over "model"; `progress` shows a bar; `greedy=True` returns LLaDA's is-greedy flags [N] bool instead."""
+    placement = None if mesh is None else LikelihoodOnMesh(mesh)
+    on_group = bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(contexts), desc="greedy check" if greedy else "loglikelihood", dynamic_ncols=True)
+        on_group = lambda group, values, seconds: bar.update(len(group))  # noqa: E731
+    try:
+        score = greedy_match if greedy else loglikelihood_on
+        return score(model, contexts, continuations, lcfg, placement=placement, on_group=on_group)
+    finally:
+        if bar is not None:
+            bar.close()

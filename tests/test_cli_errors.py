@@ -465,10 +465,10 @@ ROWS = [
     ("adapter-hub-task-offline", f"{ADAPTER},gen_length=64,block_length=16 --tasks gsm8k --limit 2",
      r"^lm-eval could not download the data of --tasks gsm8k \(ConnectionError: .*\): offline or the hub is "
      r"unreachable\. GSM8K from local files works offline: python -m localleap_jax\.lm_eval\.local_task OUT"),
-    # a generation task and a log-likelihood task: refused before any generation (no stats are written)
-    ("adapter-mixed-tasks", f"{ADAPTER},stats_path={{out}}/stats.jsonl --tasks gsm8k_mini,mc_local "
-                            "--include_path {tmp}/tasks",
-     r"^localleap generates only: task\(s\) mc_local ask for log-likelihoods"),
+    # a likelihood setting the authors' estimator cannot draw: refused before lm-eval indexes a task
+    ("adapter-mc-num-not-whole-mini-batches", f"{ADAPTER},mc_num=100,stats_path={{out}}/stats.jsonl --tasks mc_local "
+                                              "--include_path {tmp}/tasks",
+     r"^model_args: mc_num=100 must be a multiple of mc_batch_size=32"),
 ]
 
 

@@ -147,6 +147,9 @@ def test_the_follower_carries_out_what_the_leader_did(embedded32):
     ids, mask = model.tokenizer.encode_batch([p["question"] for p in synthetic_math.take("test", 3, seed=1)])
     greedy = lead.generate(model, ids, mask, per_row_config(), mesh=mesh)
     sampled = lead.generate(model, ids, mask, per_row_config(temperature=1.0), jax.random.key(11), mesh=mesh)
+    contexts, continuations = [[5, 17, 42], [77]], [[9, 9, 3], [12]]  # ragged: they travel left-padded
+    lcfg = ll.LikelihoodConfig(mc_num=8, batch_size=4, cfg_scale=0.5)
+    scored = lead.loglikelihood(model, contexts, continuations, lcfg, mesh=mesh)
     lead.stop(3)
     follower = RecordingFollower()
     assert follow(transport, follower) == 3 and not transport.sent
@@ -154,6 +157,9 @@ def test_the_follower_carries_out_what_the_leader_did(embedded32):
     assert len(generated) == 2 and follower.mesh.shape == mesh.shape
     assert np.array_equal(generated[0].tokens, greedy.tokens) and np.array_equal(generated[0].nfe, greedy.nfe)
     assert np.array_equal(generated[1].tokens, sampled.tokens) and np.array_equal(generated[1].nfe, sampled.nfe)
+    (follower_scores,) = [out for kind, out in follower.returned if kind == "loglikelihood"]
+    assert np.array_equal(follower_scores, scored)  # the same requests and settings crossed, exactly
+    assert np.allclose(scored, ll.loglikelihood(embedded32, contexts, continuations, lcfg), rtol=0, atol=1e-5)
     # The leader's own outputs against the model loaded without the protocol.
     plain = ll.generate(embedded32, ids, mask, per_row_config())
     assert np.array_equal(greedy.tokens, plain.tokens) and np.array_equal(greedy.nfe, plain.nfe)
@@ -172,6 +178,8 @@ def test_inputs_the_leader_refuses_never_reach_the_followers(embedded32):
     with pytest.raises(DecodeError, match="cannot be sent"):
         lead.generate(embedded32, ids[:1], mask[:1], ll.DecodeConfig(strategy=ll.stateless(lambda s: s.conf > 0.5)),
                       mesh=make_mesh(1, 1))
+    with pytest.raises(ll.LikelihoodError, match="request 1: the continuation is empty"):
+        lead.loglikelihood(embedded32, [[5], [6]], [[7], []], ll.LikelihoodConfig(), mesh=make_mesh(1, 1))
     assert transport.sent == []
 
 

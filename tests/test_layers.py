@@ -21,13 +21,13 @@ from helpers import REPO
 LAYERS = {
     "base": {"errors", "hashing"},
     "leaves": {"config", "tokenizer", "trace", "rules", "compile_cache", "processes", "partition", "synthetic_math"},
-    "core": {"model", "families", "denoiser", "decode", "dynamics"},
+    "core": {"model", "families", "denoiser", "decode", "dynamics", "likelihood"},
     "storage": {"checkpoint"},
     "conversion": {"convert_hf"},
     "distribution": {"dist", "sharding", "parallel", "multihost"},
     "front door": {"api", ""},  # "": the package face, localleap_jax/__init__.py
     "adapters": {"lm_eval", "lm_eval_adapter", "gsm8k"},
-    "oracles": {"reference_torch", "reference_rules", "reference_sdar"},  # independent references for tests and benchmarks only
+    "oracles": {"reference_torch", "reference_rules", "reference_sdar", "reference_likelihood"},  # independent references for tests and benchmarks only
 }
 LAYER_RANK = {layer: rank for rank, layer in enumerate(LAYERS)}
 RANK = {unit: LAYER_RANK[layer] for layer, units in LAYERS.items() for unit in units}

@@ -11,7 +11,7 @@ import pytest
 
 import localleap_jax as ll
 from localleap_jax.checkpoint import EMBEDDED
-from localleap_jax.lm_eval import GenerationOnlyError, LocalLeapLM, ModelArgsError, cut_at_until
+from localleap_jax.lm_eval import CacheMismatchError, LocalLeapLM, ModelArgsError, cut_at_until
 
 pytestmark = pytest.mark.usefixtures("lm_eval_env_report_once")  # conftest: torch's environment report once
 
@@ -158,8 +158,8 @@ def test_rerun_with_the_cache_makes_no_model_call_and_an_interrupted_run_resumes
 def test_unknown_model_args_are_named(embedded):
     with pytest.raises(ModelArgsError, match=r"unknown model_args key 'kapa' \(did you mean 'kappa'\?\)"):
         LocalLeapLM(model=embedded, compile_cache=False, kapa=0.9)
-    with pytest.raises(GenerationOnlyError):
-        LocalLeapLM(model=embedded, compile_cache=False).loglikelihood([])
+    with pytest.raises(ModelArgsError, match=r"model_args cfg: expected a number >= 0"):
+        LocalLeapLM(model=embedded, compile_cache=False, cfg=-1)
 
 
 # ---------------------------------------------------------------- issue #8: answers are never missing (item 1)
@@ -417,3 +417,82 @@ def test_the_earlier_module_and_the_entry_point_name_the_package_s_class():
     from lm_eval.api.registry import get_model
 
     assert get_model("localleap") is LocalLeapLM
+
+
+# ---------------------------------------------------------------- log-likelihood requests (multiple choice)
+
+
+@pytest.fixture(scope="module")
+def choice_task(tmp_path_factory, embedded):
+    from localleap_jax.lm_eval.choice_task import write_choice_task
+
+    return write_choice_task(tmp_path_factory.mktemp("choice"), embedded.tokenizer, n=8)
+
+
+def test_a_choice_task_scores_with_ll_loglikelihood_and_resumes_from_the_cache(embedded, choice_task, local_task,
+                                                                               tmp_path):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    name, include = choice_task
+    settings = dict(mc_num=16, mc_batch_size=8, cfg=0.5, compile_cache=False, progress=False, batch_size=4, **DECODE)
+    manager = TaskManager(include_path=[str(include), str(local_task[1])], include_defaults=False)
+    cache = str(tmp_path / "cache")
+    lm = LocalLeapLM(model=embedded, stats_path=cache + ".stats.jsonl", **settings)
+    # a generation task and a likelihood task in one run
+    res = lm_eval.simple_evaluate(model=lm, tasks=[name, local_task[0]], task_manager=manager, num_fewshot=0,
+                                  limit=8, log_samples=True, bootstrap_iters=0, use_cache=cache)
+    samples = res["samples"][name]
+    assert len(samples) == 8 and len(res["samples"][local_task[0]]) == 16  # (gsm8k: two filters per item)
+    pairs = [ll.encode_pair(embedded.tokenizer, *arg, family="llada") for s in samples for arg in s["arguments"]]
+    direct = ll.loglikelihood(embedded, [c for c, _ in pairs], [y for _, y in pairs],
+                              ll.LikelihoodConfig(mc_num=16, batch_size=8, cfg_scale=0.5))
+    logged = np.array([r[0][0] for s in samples for r in s["resps"]])
+    assert np.array_equal(logged, direct)  # what lm-eval scored is ll.loglikelihood on the authors' pairs
+    per_item = logged.reshape(8, 4)
+    accuracy = np.mean([np.argmax(row) == s["target"] for row, s in zip(per_item, samples)])
+    assert res["results"][name]["acc,none"] == pytest.approx(accuracy)
+    assert 0.25 < accuracy  # the embedded model tells the right result apart more often than chance
+    stats = [json.loads(line) for line in open(cache + ".stats.jsonl")]
+    assert sum(r.get("kind") == "loglikelihood" for r in stats) == 32 and all(r["seconds"] > 0 for r in stats
+                                                                              if r.get("kind") == "loglikelihood")
+    again = LocalLeapLM(model=embedded, stats_path=cache + ".stats.jsonl", **settings)
+    res2 = lm_eval.simple_evaluate(model=again, tasks=[name, local_task[0]], task_manager=manager, num_fewshot=0,
+                                   limit=8, log_samples=True, bootstrap_iters=0, use_cache=cache)
+    assert again.model_calls == 0  # everything came from the cache
+    assert res2["results"][name]["acc,none"] == res["results"][name]["acc,none"]
+    other = LocalLeapLM(model=embedded, **{**settings, "mc_num": 8})
+    with pytest.raises(CacheMismatchError, match="likelihood.mc_num"):  # other estimator settings: not its cache
+        lm_eval.simple_evaluate(model=other, tasks=[name], task_manager=manager, num_fewshot=0, limit=1,
+                                bootstrap_iters=0, use_cache=cache)
+
+
+def test_is_check_greedy_and_rolling_windows(embedded):
+    from lm_eval.api.instance import Instance
+
+    lm = LocalLeapLM(model=embedded, compile_cache=False, progress=False, mc_num=8, mc_batch_size=8,
+                     is_check_greedy=True)
+    lm.set_cache_hook(lm_eval_cache_hook())
+    # (a context ending in no whitespace: the authors' split moves trailing whitespace into the continuation)
+    context = embedded.tokenizer.chat("Mia has 3 apples. She gets 4 more apples. How many apples does Mia have now?")
+    context = context.rstrip() + "\n\nMia"
+    ids, mask = embedded.tokenizer.encode_batch([context], chat=False)
+    out = ll.generate(embedded, ids, mask, ll.DecodeConfig(strategy=ll.rule("low_confidence", steps=4), gen_length=4,
+                                                           block_length=4))
+    greedy_ids = out.tokens[0, out.prompt_length:].tolist()
+    greedy_text = embedded.tokenizer.hf.decode(greedy_ids)  # what the greedy check decodes
+    assert ll.encode_pair(embedded.tokenizer, context, greedy_text)[1] == greedy_ids  # the same ids come back
+    out = lm.loglikelihood([Instance("loglikelihood", {}, (context, greedy_text), 0),
+                            Instance("loglikelihood", {}, (context, "zzzz qqq"), 1)])
+    greedy = ll.loglikelihood(embedded, *zip(*[ll.encode_pair(embedded.tokenizer, context, y)
+                                               for y in (greedy_text, "zzzz qqq")]), greedy=True)
+    assert [g for _, g in out] == greedy.tolist() == [True, False], greedy_text
+    text = "Mia has 3 apples. " * 200  # longer than the model: several windows
+    (total,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+    assert total < 0 and sum(r["kind"] == "loglikelihood_rolling" for r in lm.stats.values()) > 1
+
+
+def lm_eval_cache_hook():
+    from lm_eval.api.model import CacheHook
+
+    return CacheHook(None)

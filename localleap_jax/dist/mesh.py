@@ -25,6 +25,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from localleap_jax.decode import DecodeConfig, DecodeError, Generation, LoopOutput, run
+from localleap_jax.likelihood.program import Requests
 from localleap_jax.partition import DATA, MODEL, param_shardings
 
 
@@ -75,20 +76,26 @@ def _params_on(params, mesh: Mesh):
 
 
 @dataclasses.dataclass(frozen=True)
-class DataModelMesh:
-    """Rows split over the mesh's "data" axis, one decode loop per data shard; weights split over "model"."""
+class _OnDataModelMesh:
+    """What both placements on a (data, model) mesh share: the axes checked, rows a multiple of "data"."""
 
     mesh: Mesh
-    kind = "decode/mesh"
 
     def __post_init__(self):
         if tuple(self.mesh.axis_names) != (DATA, MODEL):
-            raise DecodeError("generating on a mesh needs the axes ('data', 'model'): "
+            raise DecodeError("running on a mesh needs the axes ('data', 'model'): "
                               "localleap_jax.partition.make_mesh(data=..., model=...)")
 
     def rows(self, batch):
         D = self.mesh.shape[DATA]
         return -(-batch // D) * D
+
+
+@dataclasses.dataclass(frozen=True)
+class DataModelMesh(_OnDataModelMesh):
+    """Rows split over the mesh's "data" axis, one decode loop per data shard; weights split over "model"."""
+
+    kind = "decode/mesh"
 
     def place(self, denoiser, ids, mask, key, rule):
         denoiser = denoiser.replace(params=_params_on(denoiser.params, self.mesh))
@@ -115,6 +122,24 @@ class DataModelMesh:
                           int(np.max(_to_host(out.full_passes))), jax.tree.map(rows, out.record))
 
 
+@dataclasses.dataclass(frozen=True)
+class LikelihoodOnMesh(_OnDataModelMesh):
+    """Likelihood requests split over the mesh's "data" axis, weights over "model": one jitted program (it has
+    no early exit, so no per-shard loop is needed) that XLA's SPMD partitioner splits."""
+
+    kind = "likelihood/mesh"
+
+    def place(self, denoiser, requests: Requests):
+        denoiser = denoiser.replace(params=_params_on(denoiser.params, self.mesh))
+        rows = NamedSharding(self.mesh, P(DATA))
+        put = lambda a: _global(np.asarray(a), rows)  # noqa: E731
+        keys = jax.random.wrap_key_data(put(jax.random.key_data(requests.keys)))
+        return denoiser, Requests(put(requests.ids), put(requests.mask), put(requests.length), keys)
+
+    def fetch(self, out, rows):
+        return _to_host(out)[:rows]
+
+
 def generate_sharded(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), mesh: Mesh | None = None, *,
                      rng: jax.Array | None = None, trace: bool = False) -> Generation:
     """`generate` on a (data, model) mesh: one decode loop per data shard, weights split over "model"."""
@@ -124,4 +149,4 @@ def generate_sharded(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), 
     return run(model, ids, mask, cfg, rng, placement=DataModelMesh(mesh), trace=trace)
 
 
-__all__ = ["DataModelMesh", "addressable_bytes", "generate_sharded", "on_mesh", "shard_params"]
+__all__ = ["DataModelMesh", "LikelihoodOnMesh", "addressable_bytes", "generate_sharded", "on_mesh", "shard_params"]

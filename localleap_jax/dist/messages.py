@@ -19,7 +19,7 @@ from localleap_jax.errors import first_line
 from localleap_jax.processes import LostProcessError
 
 MAGIC = 0x4C4C4D48  # "LLMH": a follower running another version of this protocol stops at once
-KINDS = ("stop", "load", "generate")
+KINDS = ("stop", "load", "generate", "loglikelihood")
 HEADER_WORDS = 8  # magic, kind, rows, cols, json bytes, key words, status, reserved
 JSON_QUANTUM = 512  # JSON is padded to a multiple of this: fewer distinct broadcast shapes to compile
 
@@ -27,7 +27,9 @@ JSON_QUANTUM = 512  # JSON is padded to a multiple of this: fewer distinct broad
 @dataclasses.dataclass
 class Message:
     """What the leader asks of the followers. `meta` is JSON: load: path, dtype, mesh, verify;
-    generate: config, trace, key_impl; stop: nothing (the status travels in the header)."""
+    generate: config, trace, key_impl; loglikelihood: likelihood (LikelihoodConfig), lengths (continuation
+    tokens per request: each row of `ids` is its context then its continuation), greedy, mesh; stop: nothing
+    (the status travels in the header)."""
 
     kind: str
     meta: dict = dataclasses.field(default_factory=dict)

@@ -9,6 +9,7 @@ checkpoint restore, each sharded `generate`) runs on every process at once, on t
     leader (process 0)                        follower (process i > 0)
     leader().load(path, dtype, mesh)    ->    load(path, dtype, mesh=mesh)
     leader().generate(model, ids, ...)  ->    generate(model, ids, ..., mesh=mesh)   (output dropped)
+    leader().loglikelihood(model, ...)  ->    the same estimates on the mesh         (output dropped)
     leader().stop(status)               ->    follow() returns status
 
 Messages and their transport are in `localleap_jax.dist.messages`.
@@ -41,9 +42,12 @@ from localleap_jax import checkpoint
 from localleap_jax.checkpoint import CheckpointError
 from localleap_jax.decode import DecodeConfig, DecodeError, prepare_inputs
 from localleap_jax.decode import generate as generate_on_one_device
-from localleap_jax.dist.mesh import generate_sharded
+from localleap_jax.dist.mesh import LikelihoodOnMesh, generate_sharded
 from localleap_jax.dist.messages import BroadcastTransport, Message, Transport, receive, send
 from localleap_jax.errors import first_line
+from localleap_jax.likelihood import LikelihoodConfig, check_requests, greedy_match
+from localleap_jax.likelihood import loglikelihood as loglikelihood_on
+from localleap_jax.tokenizer import left_pad
 from localleap_jax.partition import make_mesh, mesh_from_text
 from localleap_jax.processes import (LostProcessError, all_succeed, exit_lost, is_follower, is_multiprocess,
                                      process_index, signals_deferred)
@@ -62,6 +66,14 @@ def generate(model, ids, mask=None, cfg=None, rng=None, *, mesh=None, trace: boo
     if mesh is None:
         return generate_on_one_device(model, ids, mask, cfg, rng, trace=trace)
     return generate_sharded(model, ids, mask, cfg, mesh, rng=rng, trace=trace)
+
+
+def loglikelihood(model, contexts, continuations, lcfg: LikelihoodConfig, *, mesh=None, greedy: bool = False,
+                  on_group=None):
+    """This process's part of a likelihood evaluation: on the mesh (every process at once), or on one device."""
+    score = greedy_match if greedy else loglikelihood_on
+    return score(model, contexts, continuations, lcfg, placement=None if mesh is None else LikelihoodOnMesh(mesh),
+                 on_group=on_group)
 
 
 def mesh_for_run(text: str | None):
@@ -120,6 +132,27 @@ class Leader:
         with signals_deferred():
             self._send(Message("generate", meta, ids=ids, mask=mask, key=key))
             return self._collective(lambda: generate(model, ids, mask, cfg, rng, trace=trace, mesh=mesh))
+
+    def loglikelihood(self, model, contexts, continuations, lcfg: LikelihoodConfig, *, mesh=None,
+                      greedy: bool = False, on_group=None):
+        """`loglikelihood(..., mesh=mesh)` on every process, on the same requests (the followers drop their copy).
+        The requests are checked here first, so a mistake never reaches them."""
+        if not self.has_followers:
+            return loglikelihood(model, contexts, continuations, lcfg, mesh=mesh, greedy=greedy, on_group=on_group)
+        if mesh is None:
+            raise DecodeError("a multi-process run scores on a mesh: pass mesh=make_mesh(...)")
+        pairs = check_requests(contexts, continuations, model.config)
+        lcfg.validate()
+        if not pairs:
+            return loglikelihood(model, [], [], lcfg, mesh=mesh, greedy=greedy)
+        ids, mask = left_pad([c + y for c, y in pairs], model.config.pad_token_id)
+        meta = {"likelihood": lcfg.to_json(), "lengths": [len(y) for _, y in pairs], "greedy": bool(greedy),
+                "mesh": mesh_shape(mesh)}
+        contexts, continuations = [c for c, _ in pairs], [y for _, y in pairs]
+        with signals_deferred():
+            self._send(Message("loglikelihood", meta, ids=ids, mask=mask))
+            return self._collective(lambda: loglikelihood(model, contexts, continuations, lcfg, mesh=mesh,
+                                                          greedy=greedy, on_group=on_group))
 
     def stop(self, status: int = 0) -> None:
         """Release the followers (once; later calls do nothing). `status` becomes their exit status."""
@@ -210,6 +243,8 @@ class Follower:
             return self.load(msg.meta)
         if msg.kind == "generate":
             return self.generate(msg)
+        if msg.kind == "loglikelihood":
+            return self.loglikelihood(msg)
         return None
 
     def load(self, meta: dict) -> None:
@@ -220,12 +255,25 @@ class Follower:
         except CheckpointError as e:  # every process raised (checkpoint.load agrees): the leader sends stop
             print(f"error: process {process_index()}: {e}", file=sys.stderr, flush=True)
 
-    def generate(self, msg: Message):
+    def _check_ready(self, msg: Message, what: str) -> None:
         if self.model is None:
-            raise LostProcessError("process 0 asked for a generation before any model was loaded here")
+            raise LostProcessError(f"process 0 asked for {what} before any model was loaded here")
         if self.mesh is None or list(msg.meta["mesh"]) != mesh_shape(self.mesh):
-            raise LostProcessError(f"process 0 generates on mesh {msg.meta['mesh']}, this process loaded the model "
+            raise LostProcessError(f"process 0 runs on mesh {msg.meta['mesh']}, this process loaded the model "
                                    f"on {None if self.mesh is None else dict(self.mesh.shape)}")
+
+    def loglikelihood(self, msg: Message):
+        self._check_ready(msg, "log-likelihoods")
+        contexts, continuations = [], []
+        for row, keep, length in zip(msg.ids, msg.mask, msg.meta["lengths"]):
+            seq = row[keep.astype(bool)].tolist()
+            contexts.append(seq[:len(seq) - length])
+            continuations.append(seq[len(seq) - length:])
+        return loglikelihood(self.model, contexts, continuations, LikelihoodConfig.from_json(msg.meta["likelihood"]),
+                             mesh=self.mesh, greedy=msg.meta["greedy"])
+
+    def generate(self, msg: Message):
+        self._check_ready(msg, "a generation")
         rng = None
         if msg.key is not None:
             import jax

@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 
 from localleap_jax.decode import DecodeConfig, DecodeError, check_room
 from localleap_jax.decode.config import replaced, with_shared_settings
+from localleap_jax.likelihood import ESTIMATOR_NAMES, LikelihoodConfig, LikelihoodError
 from localleap_jax.partition import parse_mesh
 from localleap_jax.rules import RULES
 from localleap_jax.rules.base import make_spec, settings_of
@@ -94,6 +95,19 @@ def _as_dtype(value) -> str:
     return value
 
 
+def _as_guidance(value) -> float:
+    number = _as_float(value)
+    if number < 0:
+        raise ValueError(f"expected a number >= 0 (0: no guidance), got {number}")
+    return number
+
+
+def _as_estimator(value):
+    if value is None or value in ESTIMATOR_NAMES:
+        return value
+    raise ValueError(f"expected one of {', '.join(ESTIMATOR_NAMES)}, got {value!r}")
+
+
 def _ignored(value):
     return value
 
@@ -128,6 +142,16 @@ ADAPTER_ARGS: dict[str, tuple[Callable, Any]] = {
     "coordinator": (_as_optional(_as_str), None),
     "num_processes": (_as_optional(functools.partial(_as_int, low=1)), None),
     "process_id": (_as_optional(functools.partial(_as_int, low=0)), None),
+    # Log-likelihood requests (multiple-choice tasks): the authors' Monte-Carlo estimator (LikelihoodConfig).
+    # lm-eval's --batch_size sets the generation batch only; the Monte-Carlo mini-batch is mc_batch_size (the
+    # authors' scripts pass theirs through --batch_size: to reproduce a run made with --batch_size 8, give
+    # mc_batch_size=8).
+    "mc_num": (functools.partial(_as_int, low=1), LikelihoodConfig.mc_num),
+    "mc_batch_size": (functools.partial(_as_int, low=1), LikelihoodConfig.batch_size),
+    "cfg": (_as_guidance, LikelihoodConfig.cfg_scale),  # LLaDA's convention: un + (cfg + 1) (cond - un)
+    "is_check_greedy": (_as_bool, False),  # LLaDA's suffix_greedy_prediction (L extra passes per request)
+    "estimator": (_as_estimator, None),  # None: the family's own
+    "add_bos_token": (_as_bool, False),  # Dream's option: prepend the BOS text to every context
     "max_batch_size": (_ignored, None),  # lm-eval passes these to every model; nothing here uses them
     "device": (_ignored, None),
 }
@@ -194,6 +218,10 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
     if problems:
         raise ModelArgsError("; ".join(problems))
     settings = {name: settings.get(name, default) for name, (_, default) in ADAPTER_ARGS.items()}
+    try:
+        settings["likelihood"] = likelihood_config(settings)
+    except LikelihoodError as e:
+        raise ModelArgsError(f"model_args: {e}") from None
     if rule_extra:  # fold the rule's own settings into its spec: "klass:tau_c=0.5" + tau_kl=0.05
         name, spec_settings = parse_spec(decode.get("strategy", DecodeConfig.strategy))
         decode["strategy"] = make_spec(name, {**spec_settings, **rule_extra})
@@ -204,6 +232,16 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
     except DecodeError as e:
         raise ModelArgsError(f"model_args: {e}") from None
     return settings, cfg
+
+
+def likelihood_config(settings: dict[str, Any]) -> LikelihoodConfig:
+    """The LikelihoodConfig the adapter's settings name (checked: mc_num a multiple of mc_batch_size, ...)."""
+    if settings["mc_num"] % settings["mc_batch_size"]:
+        raise LikelihoodError(f"mc_num={settings['mc_num']} must be a multiple of mc_batch_size="
+                              f"{settings['mc_batch_size']} (the samples are drawn in whole mini-batches)")
+    return LikelihoodConfig(mc_num=settings["mc_num"], batch_size=settings["mc_batch_size"],
+                            cfg_scale=float(settings["cfg"]), seed=settings["seed"],
+                            estimator=settings["estimator"]).validate()
 
 
 def check_gen_length(cfg: DecodeConfig, max_sequence_length: int) -> None:

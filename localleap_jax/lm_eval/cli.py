@@ -1,13 +1,10 @@
 """The command line: `lm_eval` with the `localleap` model registered, taking exactly lm_eval's arguments,
 and ending a mistake with one `error: ...` line (status 2). What can be checked in a second (the model
-arguments, the stats path, the checkpoint's files and length) is checked before lm-eval indexes its tasks;
-a log-likelihood task is refused before anything is generated."""
+arguments, the stats path, the checkpoint's files and length) is checked before lm-eval indexes its tasks."""
 
 from __future__ import annotations
 
-import functools
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 from localleap_jax import processes
@@ -19,41 +16,15 @@ from localleap_jax.dist.multihost import leading
 from localleap_jax.lm_eval.args import ModelArgsError, check_gen_length, parse_model_args, refuse_python_only
 from localleap_jax.lm_eval.devices import follow, join_and_mesh, processes_of
 from localleap_jax.lm_eval.identity import CacheMismatchError
-from localleap_jax.lm_eval.model import GenerationOnlyError, LocalLeapLM, generation_only_message
 from localleap_jax.lm_eval.prompts import PromptTooLongError
 from localleap_jax.lm_eval.stats import check_writable
+from localleap_jax.likelihood import LikelihoodError
 from localleap_jax.tokenizer import TokenizerError
 
 # Mistakes the command line reports in one line (exit status 2).
-USER_ERRORS = (GenerationOnlyError, ModelArgsError, PromptTooLongError, CacheMismatchError, CheckpointError,
+USER_ERRORS = (LikelihoodError, ModelArgsError, PromptTooLongError, CacheMismatchError, CheckpointError,
                processes.DistributedError,
                ConfigError, DecodeError, TokenizerError)
-
-
-@contextmanager
-def generation_tasks_only():
-    """Refuse log-likelihood tasks before anything is generated: lm-eval runs the request types one
-    after the other, so a mixed run would otherwise generate a whole task and only then fail."""
-    from lm_eval import evaluator
-
-    original = evaluator.evaluate
-
-    @functools.wraps(original)
-    def checked(*args, **kwargs):
-        lm = kwargs.get("lm", args[0] if args else None)
-        task_dict = kwargs.get("task_dict", args[1] if len(args) > 1 else None)
-        tasks = task_dict.get("tasks", {}) if isinstance(task_dict, dict) else {}
-        scored = [name for name, task in tasks.items()
-                  if getattr(task, "OUTPUT_TYPE", "generate_until") != "generate_until"]
-        if scored and isinstance(getattr(lm, "lm", lm), LocalLeapLM):
-            raise GenerationOnlyError(generation_only_message(scored))
-        return original(*args, **kwargs)
-
-    evaluator.evaluate = checked
-    try:
-        yield
-    finally:
-        evaluator.evaluate = original
 
 
 def check_checkpoint(settings: dict, cfg: DecodeConfig) -> None:
@@ -132,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             if processes.is_follower():  # no lm-eval here: carry out process 0's generations
                 return follow(settings["compile_cache"])
             join_and_mesh(settings)  # a mesh the devices cannot hold is refused now, not after lm-eval's indexing
-        with leading(), generation_tasks_only():  # the followers are released however this ends
+        with leading():  # the followers are released however this ends
             cli.execute(args)
     except processes.LostProcessError as e:
         processes.exit_lost(str(e))

@@ -71,12 +71,13 @@ def tokenizer_fingerprint(model: Model) -> str:
 
 
 def answers_key(model: Model, cfg: DecodeConfig, *, chat: bool, seed: int, truncate_fewshot: bool | str,
-                batch: dict, task: dict | None = None) -> dict:
+                batch: dict, task: dict | None = None, likelihood: dict | None = None) -> dict:
     """Everything the generated answers depend on, as a JSON-able dict; its digest names a resume cache.
 
     `batch`: what decides which requests share a batch (batch size, device count, the requests run),
     counted only when rows of a batch change each other's tokens. `task`: what the caller knows of the
-    prompts (the data, the number of few-shot examples). Nothing else belongs here: not where the
+    prompts (the data, the number of few-shot examples). `likelihood`: the estimator's settings, for the
+    log-likelihood answers the same cache holds. Nothing else belongs here: not where the
     checkpoint or the output lives, not settings that only change speed."""
     key = {
         "weights": weights_fingerprint(model),
@@ -93,6 +94,8 @@ def answers_key(model: Model, cfg: DecodeConfig, *, chat: bool, seed: int, trunc
         key["batch"] = batch
     if task:
         key["task"] = task
+    if likelihood:
+        key["likelihood"] = likelihood
     return key
 
 

@@ -1,5 +1,5 @@
-"""The lm-eval model `localleap` (LocalLeapLM): lm-eval owns tasks, prompts, filters and metrics; this only
-generates.
+"""The lm-eval model `localleap` (LocalLeapLM): lm-eval owns tasks, prompts, filters and metrics; this generates
+and scores.
 
 `generate_until`: each request's context (the whole few-shot string) becomes one user turn of the
 chat template, as the LLaDA/Fast-dLLM/LocalLeap evaluations did; requests are sorted by length
@@ -8,6 +8,14 @@ handful of programs); every batch runs across all local devices (pmap), or on th
 multi-process run; the output is cut at the request's `until` strings. After every batch the
 per-request NFE/seconds go to `stats_path` and then the answers to lm-eval's cache hook (so
 `--use_cache` resumes an interrupted run, and an answer is never cached without its stats).
+
+`loglikelihood` (multiple-choice tasks): each (context, continuation) is split into ids as the family's authors
+do (`likelihood.encode_pair`: plain tokenization, no chat template) and scored by the family's Monte-Carlo
+estimator (`ll.loglikelihood`, model_args mc_num, mc_batch_size, cfg, estimator), in chunks whose results, after
+their stats, go to the cache hook as generations do. `is_greedy` is LLaDA's greedy-suffix check with
+`is_check_greedy=true`, else False (as in the authors' runs). `loglikelihood_rolling` (perplexity tasks) cuts the
+text into lm-eval's disjoint rolling windows of the model's length and sums the windows' estimates: each
+window's ELBO bounds its log-likelihood from below, so the sum bounds the text's.
 """
 
 from __future__ import annotations
@@ -35,17 +43,12 @@ from localleap_jax.lm_eval.args import (check_gen_length, default_dtype, fit_to_
 from localleap_jax.lm_eval.devices import join_and_mesh
 from localleap_jax.lm_eval.identity import answers_key, claim_cache, forget_missing_answers
 from localleap_jax.lm_eval.prompts import Prompt, cut_at_until, fit_all
-from localleap_jax.lm_eval.stats import append_stats, open_stats, prompt_key
+from localleap_jax.lm_eval.stats import append_stats, open_stats, pair_key, prompt_key
+from localleap_jax.likelihood import encode_pair
 from localleap_jax.tokenizer import cut_at_stop, left_pad
 
 
-class GenerationOnlyError(NotImplementedError):
-    """A task asked for log-likelihoods, which a diffusion decoder does not provide."""
-
-
-def generation_only_message(tasks) -> str:
-    return (f"localleap generates only: task(s) {', '.join(sorted(tasks))} ask for log-likelihoods, which a diffusion "
-            "decoder does not provide; use generation tasks such as gsm8k, minerva_math, humaneval, mbpp")
+LIKELIHOOD_CHUNK = 64  # likelihood requests scored between two cache writes (what an interrupted run keeps)
 
 
 @register_model("localleap")
@@ -70,6 +73,9 @@ class LocalLeapLM(LM):
         self.fewshot_delimiter = settings["fewshot_delimiter"]
         self.stats_path = Path(settings["stats_path"]) if settings["stats_path"] else None
         self.stats = {} if self.stats_path is None else open_stats(self.stats_path)
+        self.likelihood = settings["likelihood"]
+        self.check_greedy = settings["is_check_greedy"]
+        self.add_bos_token = settings["add_bos_token"]
         self.mesh = join_and_mesh(settings)
         if model is None:
             dtype = settings["dtype"]
@@ -108,7 +114,8 @@ class LocalLeapLM(LM):
                      "mesh": None if self.mesh is None else dict(self.mesh.shape)}
             delimiter = self.fewshot_delimiter if self.truncate_fewshot else False
             self._answers_key = answers_key(self.model, self.cfg, chat=self.chat, seed=self.seed,
-                                            truncate_fewshot=delimiter, batch=batch)
+                                            truncate_fewshot=delimiter, batch=batch,
+                                            likelihood=self._likelihood_identity())
         return self._answers_key
 
     # ---------------------------------------------------------------- lm-eval API
@@ -137,11 +144,44 @@ class LocalLeapLM(LM):
             print(f"note: {db.filename}: {dropped} cached requests had no answer; generating them again",
                   file=sys.stderr)
 
-    def loglikelihood(self, requests, disable_tqdm: bool = False):
-        raise GenerationOnlyError(self._generation_only(requests))
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        if not requests:
+            return []
+        family = self.model.config.family
+        pairs = [encode_pair(self.model.tokenizer, *r.args[:2], family=family, add_bos_token=self.add_bos_token)
+                 for r in requests]
+        keys = [pair_key(*r.args[:2]) for r in requests]
+        results = self._score(pairs, keys, "loglikelihood", disable_tqdm, with_greedy=self.check_greedy)
+        for r, result in zip(requests, results):
+            self.cache_hook.add_partial("loglikelihood", r.args, result)
+        return results
 
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-        raise GenerationOnlyError(self._generation_only(requests))
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        if not requests:
+            return []
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+        hf = self.model.tokenizer.hf
+        prefix = hf.bos_token_id if hf.bos_token_id is not None else self.model.config.eos_token_id
+        dream = self.model.config.family == "dream"
+        # a window is its context and at most max_seq_len tokens (one more than a causal model reads); Dream's end with EOS
+        room = self.model.config.max_sequence_length - 1 - (1 if dream else 0)
+        pairs, keys, owner = [], [], []
+        for n, r in enumerate(requests):
+            tokens = hf(r.args[0], add_special_tokens=False)["input_ids"]
+            for w, window in enumerate(get_rolling_token_windows(token_list=tokens, prefix_token=prefix,
+                                                                  max_seq_len=room, context_len=1)):
+                context, continuation = make_disjoint_window(window)
+                pairs.append((list(context), list(continuation) + ([hf.eos_token_id] if dream else [])))
+                keys.append(pair_key(r.args[0], f"rolling window {w}"))
+                owner.append(n)
+        scores = self._score(pairs, keys, "loglikelihood_rolling", disable_tqdm, with_greedy=False)
+        totals = [0.0] * len(requests)
+        for n, (value, _) in zip(owner, scores):
+            totals[n] += value
+        for r, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", r.args, total)
+        return totals
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         if not requests:
@@ -223,6 +263,44 @@ class LocalLeapLM(LM):
         if self.stats_path is not None:
             append_stats(self.stats_path, rows)
 
-    @staticmethod
-    def _generation_only(requests) -> str:
-        return generation_only_message({getattr(r, "task_name", None) or "?" for r in requests})
+    def _likelihood_identity(self) -> dict:
+        """What the log-likelihoods depend on (besides the weights and tokenizer the key holds already)."""
+        identity = {k: v for k, v in self.likelihood.to_json().items() if k != "requests_per_call"}
+        return {**identity, "is_check_greedy": self.check_greedy, "add_bos_token": self.add_bos_token}
+
+    def _score(self, pairs, keys, kind: str, disable_tqdm: bool, with_greedy: bool) -> list[tuple[float, bool]]:
+        """(estimate, is_greedy) per pair, in chunks: each chunk's stats reach the log before the caller caches it."""
+        results: list[tuple[float, bool]] = []
+        bar = tqdm(total=len(pairs), desc=f"{kind} [mc_num={self.likelihood.mc_num}]", dynamic_ncols=True,
+                   disable=disable_tqdm or not self.progress)
+        try:
+            for start in range(0, len(pairs), LIKELIHOOD_CHUNK):
+                chunk = pairs[start:start + LIKELIHOOD_CHUNK]
+                contexts, continuations = [c for c, _ in chunk], [y for _, y in chunk]
+                seconds = [0.0] * len(chunk)
+
+                def timed(group, values, s, seconds=seconds):
+                    for i in group:
+                        seconds[i] = s / len(group)
+                    bar.update(len(group))
+
+                values = self._likelihoods(contexts, continuations, greedy=False, on_group=timed)
+                greedy = (self._likelihoods(contexts, continuations, greedy=True, on_group=None) if with_greedy
+                          else [False] * len(chunk))
+                rows = [{"key": key, "kind": kind, "seconds": s, "context_tokens": len(c), "continuation_tokens": len(y),
+                         "loglikelihood": float(v), "is_greedy": bool(g)}
+                        for key, (c, y), v, g, s in zip(keys[start:start + len(chunk)], chunk, values, greedy, seconds)]
+                for row in rows:
+                    self.stats[row["key"]] = row
+                self._append_stats(rows)
+                results += [(float(v), bool(g)) for v, g in zip(values, greedy)]
+                self.model_calls += 1
+                self.rows_generated += len(chunk)
+        finally:
+            bar.close()
+        return results
+
+    def _likelihoods(self, contexts, continuations, *, greedy: bool, on_group):
+        # One process: on this process's default device; several: on the mesh, every process at once.
+        return leader().loglikelihood(self.model, contexts, continuations, self.likelihood, mesh=self.mesh,
+                                      greedy=greedy, on_group=on_group)

@@ -1,5 +1,5 @@
 """The per-request stats log: one JSON line per generated request (NFE, seconds, prompt and generated
-tokens), keyed by its prompt, appended after every batch and read back on a rerun. A request's answer is
+tokens), keyed by its prompt, or per scored likelihood request (seconds, tokens, the estimate), appended after every batch and read back on a rerun. A request's answer is
 cached only once its stats are on disk (see LocalLeapLM.generate_until)."""
 
 from __future__ import annotations
@@ -15,6 +15,11 @@ from localleap_jax.lm_eval.args import ModelArgsError
 
 def prompt_key(context: str) -> str:
     return hashlib.sha256(context.encode()).hexdigest()
+
+
+def pair_key(context: str, continuation: str) -> str:
+    """A likelihood request's key in the stats log (its context and continuation)."""
+    return hashlib.sha256(json.dumps(["loglikelihood", context, continuation]).encode()).hexdigest()
 
 
 def read_stats(path: Path) -> dict[str, dict]:
