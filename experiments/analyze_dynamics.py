@@ -259,6 +259,11 @@ def print_headline(result: dict) -> None:
           f"{pct(paper['stable_within_25pct']):>9}   ({result['decided_positions']} positions)")
     print(f"{'consistent given confidence > 0.8 (Fig. 1c)':<44}{pct(result['consistent_given_conf_gt_0.8']):>10}"
           f"{pct(paper['consistent_given_conf_gt_0.8']):>9}   ({result['predictions_conf_gt_0.8']} predictions)")
+    revoked = result.get("revocations") or {}
+    if revoked.get("remasks"):
+        print(f"{'tokens taken back (remasks per answer)':<44}{revoked['remasks_per_row']:>10.2f}{'-':>9}   "
+              f"({revoked['remasks']} in all; by clause {revoked['by_clause']}; by tenth of the answer "
+              f"{revoked['by_tenth_of_the_answer']})")
 
 
 def main(argv=None) -> int:

@@ -17,7 +17,6 @@ Threads (--threads, default 1): the same count on both sides, set before torch a
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,18 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 
-
-def _threads_from_argv(argv) -> int:
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--threads", type=int, default=1)
-    n = pre.parse_known_args(argv)[0].threads
-    return n if n > 0 else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
-
-
-N_THREADS = _threads_from_argv(sys.argv[1:])
-if N_THREADS == 1:
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
+from bench_threads import N_THREADS  # noqa: E402 (before jax and torch: it sets their threads)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

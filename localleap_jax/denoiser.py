@@ -10,6 +10,9 @@ model family only has to provide a denoiser:
     window_stored(...same...)                         -> (hidden, cache with the window's fresh K/V)
     head(hidden)                                      -> logits [..., V] (fp32)
     empty_cache(batch, length)                        -> the cache's initial value
+    probe(x, positions, key_mask, idx, mask_id)       -> (hidden [B, L, D], held_out [B, T, D]): a whole-canvas
+                                                         pass that also scores positions idx [B, T] each with
+                                                         itself hidden, in the same forward pass (WINO)
 
 `shift` is 1 when position i is predicted from the hidden state at i - 1 (Dream), else 0. A denoiser
 is a pytree (its arrays are inputs of the compiled program, not constants baked into it).
@@ -20,12 +23,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Protocol
 
+import jax
 import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
 from localleap_jax.config import ModelConfig
-from localleap_jax.model import CacheWrite, KVCache, Params, head, trunk, trunk_cached, trunk_stored
+from localleap_jax.model import CacheWrite, KVCache, Params, head, trunk, trunk_cached, trunk_masked, trunk_stored
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +66,22 @@ class Denoiser(Protocol):
 
     def empty_cache(self, batch: int, length: int) -> Any: ...
 
+    def probe(self, x: Int[Array, "B L"], positions: Int[Array, "B L"], key_mask: Bool[Array, "B L"],
+              idx: Int[Array, "B T"], mask_id: int) -> tuple[Float[Array, "B L D"], Float[Array, "B T D"]]: ...
+
+
+def probe_mask(key_mask: Bool[Array, "B L"], idx: Int[Array, "B T"]) -> Bool[Array, "B L+T L+T"]:
+    """Attention (query sees key) of a canvas extended by a probe copy of positions idx: the canvas sees its own
+    real keys, never the copy; copy position j sees every real key but position idx[j], and the whole copy
+    (WINO's verification mask: the copy holds only masks, so seeing it tells a copy query nothing)."""
+    B, L = key_mask.shape
+    T = idx.shape[1]
+    canvas_rows = jnp.concatenate([jnp.broadcast_to(key_mask[:, None, :], (B, L, L)), jnp.zeros((B, L, T), bool)],
+                                  axis=2)
+    own = jnp.arange(L)[None, None, :] == idx[:, :, None]  # [B, T, L]
+    copy_rows = jnp.concatenate([key_mask[:, None, :] & ~own, jnp.ones((B, T, T), bool)], axis=2)
+    return jnp.concatenate([canvas_rows, copy_rows], axis=1)
+
 
 @struct.dataclass
 class ModelDenoiser:
@@ -89,6 +109,15 @@ class ModelDenoiser:
 
     def head(self, hidden):
         return head(self.params, hidden, self.config)
+
+    def probe(self, x, positions, key_mask, idx, mask_id):
+        # One pass over [canvas | copy]: the copy holds masks at the probed positions' RoPE positions.
+        B, L = x.shape
+        T = idx.shape[1]
+        tokens = jnp.concatenate([x, jnp.full((B, T), mask_id, x.dtype)], axis=1)
+        at = jnp.concatenate([positions, jnp.take_along_axis(positions, idx, axis=1)], axis=1)
+        h = trunk_masked(self.params, tokens, at, probe_mask(key_mask, idx), self.config)
+        return h[:, :L], h[:, L:]
 
     def empty_cache(self, batch, length):
         c = self.config
@@ -128,3 +157,13 @@ class FunctionDenoiser:
 
     def empty_cache(self, batch, length):
         return jnp.zeros((batch, length), jnp.int32)
+
+    def probe(self, x, positions, key_mask, idx, mask_id):
+        # The stub has no attention: position idx[j] hidden is the canvas with that position masked.
+        rows = jnp.arange(x.shape[0])[:, None]
+
+        def hidden_one(j):
+            return self.logits_fn(x.at[rows[:, 0], idx[:, j]].set(mask_id))[rows[:, 0], idx[:, j]]
+
+        held_out = jax.vmap(hidden_one, out_axes=1)(jnp.arange(idx.shape[1]))
+        return self.logits_fn(x).astype(jnp.float32), held_out.astype(jnp.float32)

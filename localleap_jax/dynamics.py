@@ -100,7 +100,8 @@ def concat_traces(traces: Sequence[Trace]) -> Trace:
                  clause_names=traces[0].clause_names,
                  token=np.concatenate([t.token for t in traces]),
                  commit_pass=np.concatenate([t.commit_pass for t in traces]),
-                 passes=np.concatenate([t.passes for t in traces]))
+                 passes=np.concatenate([t.passes for t in traces]),
+                 remask_names=traces[0].remask_names)
 
 
 # ---------------------------------------------------------------- Figure 1b: earliest stable consistency
@@ -269,6 +270,21 @@ def decode_picture(trace: Trace, b: int) -> DecodePicture:
 # ---------------------------------------------------------------- the headline numbers
 
 
+def revocations(trace: Trace) -> dict:
+    """How often and where a rule took commits back: remasks per row, per clause, the share of positions ever
+    remasked, and their distance (in passes) from the commit they undid (JSON-able; zeros for a commit-only rule)."""
+    remasked = trace.remasked  # [B, S, G]
+    rows = remasked.sum(axis=(1, 2))
+    by_clause = {name: int((trace.clause == -(k + 1)).sum()) for k, name in enumerate(trace.remask_names)}
+    G = trace.token.shape[1]
+    where = np.nonzero(remasked)
+    # position of each remask within the generated region, in tenths (where in the answer tokens are revoked)
+    tenths = np.bincount((where[2] * 10) // max(G, 1), minlength=10)[:10] if where[0].size else np.zeros(10, int)
+    return {"remasks": int(rows.sum()), "remasks_per_row": float(rows.mean()) if rows.size else float("nan"),
+            "positions_ever_remasked": float(remasked.any(axis=1).mean()) if remasked.size else float("nan"),
+            "by_clause": by_clause, "by_tenth_of_the_answer": tenths.astype(int).tolist()}
+
+
 def summary(trace: Trace) -> dict:
     """The two numbers the paper reports, with the counts behind them (JSON-able; NaN for 'no data')."""
     counted = scored(trace)
@@ -281,4 +297,5 @@ def summary(trace: Trace) -> dict:
         "scored_predictions": int(counted.sum()),
         "predictions_conf_gt_0.8": int((counted & (trace.conf > in_conf_dtype(trace.conf, 0.8))).sum()),
         "mean_passes": float(np.mean(trace.passes)) if trace.passes.size else float("nan"),
+        "revocations": revocations(trace),
     }

@@ -33,10 +33,18 @@ class Trace(NamedTuple):
     token: Int[np.ndarray, "B G"]  # the final generated tokens
     commit_pass: Int[np.ndarray, "B G"]  # the pass at which each position committed; -1: never (early-stop fill)
     passes: Int[np.ndarray, "B"]  # valid passes per row (its NFE)
+    remask_names: tuple[str, ...] = ()  # a rule that takes commits back: clause == -k is remask_names[k - 1]
+
+    @property
+    def remasked(self) -> Bool[np.ndarray, "B S G"]:
+        """True where a decoded position was taken back (masked again) at pass s."""
+        return self.clause < 0
 
     @property
     def masked(self) -> Bool[np.ndarray, "B S G"]:
-        """True where the position was still masked when pass s ran (it was a candidate prediction)."""
+        """True where the position was still masked when pass s ran (it was a candidate prediction). From each
+        position's last commit: for a rule that takes commits back (`remasked`), a revoked position's earlier
+        spells as a token are not told apart here."""
         s = np.arange(self.pred.shape[1])[None, :, None]
         cp = self.commit_pass[:, None, :]
         return (s <= cp) & (cp >= 0) | (cp < 0) & (s < self.passes[:, None, None])
@@ -46,7 +54,7 @@ class Trace(NamedTuple):
         n = int(self.passes[b])
         return Trace(self.pred[b:b + 1, :n], self.conf[b:b + 1, :n], self.committed[b:b + 1, :n],
                      self.clause[b:b + 1, :n], self.clause_names, self.token[b:b + 1], self.commit_pass[b:b + 1],
-                     self.passes[b:b + 1])
+                     self.passes[b:b + 1], self.remask_names)
 
 
 _ARRAYS = ("pred", "conf", "committed", "clause", "token", "commit_pass", "passes")
@@ -60,7 +68,7 @@ def save_trace(path: str | Path, trace: Trace, texts: Sequence[str] | None = Non
     arrays = {name: np.asarray(getattr(trace, name)) for name in _ARRAYS}
     for name in ("pred", "conf", "committed", "clause"):
         arrays[name] = arrays[name][:, :S]
-    extra = {"clause_names": list(trace.clause_names), "texts": list(texts) if texts is not None else None,
+    extra = {"clause_names": list(trace.clause_names), "remask_names": list(trace.remask_names), "texts": list(texts) if texts is not None else None,
              "meta": meta or {}}
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:  # a file object: numpy would otherwise append .npz to other suffixes
@@ -74,5 +82,5 @@ def load_trace(path: str | Path) -> tuple[Trace, list[str] | None, dict[str, Any
         extra = json.loads(bytes(z["extra"]).decode())
         trace = Trace(pred=z["pred"], conf=z["conf"], committed=z["committed"], clause=z["clause"],
                       clause_names=tuple(extra["clause_names"]), token=z["token"], commit_pass=z["commit_pass"],
-                      passes=z["passes"])
+                      passes=z["passes"], remask_names=tuple(extra.get("remask_names", ())))
     return trace, extra["texts"], extra["meta"]

@@ -128,7 +128,7 @@ continuations = [[9, 9], [12, 13, 14], [3], [100, 101, 102, 103, 104]]
 lcfg = ll.LikelihoodConfig(mc_num=8, batch_size=4, cfg_scale=0.5, requests_per_call=3)
 one = ll.loglikelihood(model, contexts, continuations, lcfg)
 res["likelihood"] = {"one": one.tolist()}
-for data, mod in ((4, 2), (2, 4)):
+for data, mod in ((2, 4),):
     res["likelihood"][f"{data}x{mod}"] = ll.loglikelihood(model, contexts, continuations, lcfg,
                                                          mesh=make_mesh(data, mod)).tolist()
 print(json.dumps(res))
@@ -197,7 +197,7 @@ def test_likelihood_on_a_mesh_equals_one_device(eight_devices):
 
     scores = eight_devices["likelihood"]
     one = np.asarray(scores.pop("one"))
-    assert len(scores) == 2 and np.all(one < 0)
+    assert len(scores) == 1 and np.all(one < 0)
     for mesh, values in scores.items():
         # float32 sums partitioned differently: measured differences ~1e-6 of values ~ -10..-60
         assert np.allclose(values, one, rtol=1e-5, atol=1e-4), (mesh, values, one.tolist())

@@ -57,7 +57,7 @@ def test_a_one_token_continuation_is_exact_and_equals_the_authors_code(llada, cf
         assert np.min(np.abs(plain - ours)) > 1e-3
 
 
-@pytest.mark.parametrize("target, cfg_scale", [([61, 200, 7], 0.0), ([61, 200, 7, 33, 90], 0.5)])
+@pytest.mark.parametrize("target, cfg_scale", [([61, 200, 7, 33, 90], 0.5)])
 def test_the_llada_estimate_is_unbiased(llada, target, cfg_scale, monkeypatch):
     model, logits_fn = llada
     prefix = PREFIXES[0]
@@ -83,7 +83,7 @@ def test_the_llada_estimate_is_unbiased(llada, target, cfg_scale, monkeypatch):
     assert abs(broken - exact) > 8 * broken_error
 
 
-@pytest.mark.parametrize("target, guidance", [([61], 1.0), ([61, 200, 7, 33], 1.0), ([61, 200, 7], 1.5)])
+@pytest.mark.parametrize("target, guidance", [([61], 1.0), ([61, 200, 7], 1.5)])
 def test_the_dream_estimate_is_unbiased_and_uses_dreams_guidance(dream, target, guidance):
     model, logits_fn = dream
     prefix, target = PREFIXES[1], target + [model.config.eos_token_id]  # Dream's pairs end with EOS

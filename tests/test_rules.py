@@ -302,5 +302,7 @@ def test_every_rule_on_the_hand_computed_boundary_cases(case):
 def test_the_table_reaches_every_clause_of_every_rule():
     reached = {(c.rule, clause) for c in CASES for st in c.steps for clause in st.expect.values()}
     for name in R.RULES:
+        if ll.rule(name).remask_names:  # rules that take commits back: test_revoking.py, against their authors' loops
+            continue
         for clause in ll.rule(name).clause_names:
             assert (name, clause) in reached, (name, clause)

@@ -46,6 +46,7 @@ class Hidden(NamedTuple):
     block: Float[Array, "B T D"]  # the hidden states that predict each row's current block
     region: Float[Array, "B G D"] | None  # those that predict the generated region (asked for and computed)
     cache: Any  # the policy's state after this pass
+    held_out: Float[Array, "B T D"] | None = None  # the block's probe copy (ProbedNoCache): each position hidden
 
 
 class CachePolicy(Protocol):
@@ -207,6 +208,21 @@ class BlockCache:
 
         h_block, cache = jax.lax.cond(refresh, run(2), run(1), None)
         return Hidden(h_block, None, cache)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbedNoCache(NoCache):
+    """Every pass runs the whole canvas and, in the same forward pass, a probe copy of the block
+    (`Denoiser.probe`): hidden states that score each block position with that position hidden (WINO's
+    verification). Cost: T more queries and keys per pass (L + T instead of L) under an explicit attention mask
+    (XLA's attention path, never cuDNN's)."""
+
+    name: ClassVar[str] = "none+probe"
+
+    def forward(self, denoiser, canvas, x, block, state, refresh, want_region):
+        h_all, held_out = denoiser.probe(x, canvas.positions, canvas.key_mask, block.idx, canvas.mask_id)
+        h_block, h_region = _from_full(h_all, canvas, block, want_region)
+        return Hidden(h_block, h_region, (), held_out)
 
 
 CACHE_POLICIES: dict[str, CachePolicy] = {p.name: p for p in (NoCache(), PrefixCache(), DualCache(), BlockCache())}

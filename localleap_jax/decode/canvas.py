@@ -39,6 +39,7 @@ class Canvas:
     gen_length: int  # G (what the caller asked for; the canvas may hold a tail past it on a block grid)
     block_length: int  # T
     shift: int  # 1 when position i is predicted from the hidden state at i - 1 (Dream)
+    mask_id: int = 0  # the mask token (what a probe copy holds)
 
     @classmethod
     def build(cls, ids: Int[Array, "B P"], mask: Bool[Array, "B P"], *, gen_length: int, block_length: int,
@@ -56,7 +57,7 @@ class Canvas:
         x0 = jnp.concatenate([ids.astype(jnp.int32), jnp.full((B, G + tail), mask_id, jnp.int32)], axis=1)
         key_mask = jnp.concatenate([mask.astype(bool), jnp.ones((B, G + tail), bool)], axis=1)
         return cls(x0, positions_from_mask(key_mask), key_mask, first_start.astype(jnp.int32),
-                   row_blocks.astype(jnp.int32), P, G, T, shift)
+                   row_blocks.astype(jnp.int32), P, G, T, shift, mask_id)
 
     @property
     def batch(self) -> int:
@@ -76,6 +77,23 @@ class Canvas:
         starts = self.first_start + block * self.block_length
         idx = starts[:, None] + jnp.arange(self.block_length)
         return Block(starts, idx, rows_take(x, idx))
+
+
+    def region(self, x: Int[Array, "B L"], block: "Block", kind: str) -> "Region":
+        """What a rule sees and changes: its current block ("block"), or the generated region with the positions
+        up to the current block's end valid ("generated": Saber, ReMDM)."""
+        if kind == "block":
+            return Region(block.idx, block.tokens, None)
+        idx = jnp.broadcast_to(self.prompt_length + jnp.arange(self.gen_length), (self.batch, self.gen_length))
+        return Region(idx, rows_take(x, idx), idx < (block.starts + self.block_length)[:, None])
+
+
+class Region(NamedTuple):
+    """The positions a rule sees: canvas indices, what they hold, which of them it may touch (None: all)."""
+
+    idx: Int[Array, "B R"]
+    tokens: Int[Array, "B R"]
+    valid: Bool[Array, "B R"] | None
 
 
 def grid_tail(gen_length: int, block_length: int) -> int:

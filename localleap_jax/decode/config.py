@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from localleap_jax import rules
-from localleap_jax.decode.cache import BIDIRECTIONAL_CACHES, BLOCK_CAUSAL_CACHES, CACHE_MODES, CACHE_POLICIES
+from localleap_jax.decode.cache import (BIDIRECTIONAL_CACHES, BLOCK_CAUSAL_CACHES, CACHE_MODES, CACHE_POLICIES,
+                                       ProbedNoCache)
 from localleap_jax.decode.loop import LoopSettings
 from localleap_jax.decode.recorder import NoRecorder, TraceRecorder
 from localleap_jax.decode.step import Scoring
@@ -46,6 +47,10 @@ class DecodeConfig:
     # "prefix" | "dual": Fast-dLLM's approximate KV caches (bidirectional models). See decode/cache.py.
     cache: str = "auto"
     prompt_bucket: int = 64  # prompts are left-padded to a multiple of this, to bound recompiles
+    # The loop's bound on forward passes. None: the rule's own (`rule.pass_bound`): gen_length for a rule that only
+    # commits (it commits a token per pass), more for one that takes commits back (WINO, Saber: 4 x gen_length;
+    # ReMDM: its schedule's exact count). Rows that reach it stop with masks left: `out.hit_bound`.
+    max_passes: int | None = None
 
     def __post_init__(self):
         legacy = [k for k in LEGACY_SETTINGS if getattr(self, k) is not None]
@@ -122,6 +127,9 @@ class DecodeConfig:
             bad(f"temperature={self.temperature} must be >= 0")
         if self.prompt_bucket <= 0:
             bad(f"prompt_bucket={self.prompt_bucket} must be positive")
+        if self.max_passes is not None and (isinstance(self.max_passes, bool) or
+                                            not isinstance(self.max_passes, (int, np.integer)) or self.max_passes < 1):
+            bad(f"max_passes={self.max_passes!r} must be a positive whole number (or None: the rule's own bound)")
         # The deprecated fields keep their range checks even where the named rule ignores them.
         legacy = {k: getattr(self, k) for k in ("kappa", "tau", "radius") if getattr(self, k) is not None}
         check_settings(rules.LocalLeap(**legacy))
@@ -130,19 +138,55 @@ class DecodeConfig:
         # On a block grid the blocks per row depend on the prompt: `steps` is checked with it (check_grid_steps).
         shape = (None, None) if grid or not canvas else (self.gen_length, self.block_length)
         rules.LowConfidence(self.steps).validate(*shape)
-        self.rule.validate(*shape)
+        rule = self.rule.validate(*shape)
+        self._check_revoking(rule, model, grid, canvas)
         return self
+
+    def _check_revoking(self, rule, model, grid: bool, canvas: bool) -> None:
+        """What a rule's region, probes and pass bound need of the rest of the config (refused in one line)."""
+        region, probes = getattr(rule, "region", "block"), getattr(rule, "probes", False)
+        mode = self.cache_mode(model)
+        if region != "block" or probes:
+            if grid:
+                raise DecodeError(f"{rule.name} works on a bidirectional model's canvas; this model is block-causal")
+            if region == "generated" and mode not in ("none", "prefix"):
+                raise DecodeError(f"{rule.name} sees the whole generated region: use cache 'none' or 'prefix' (the "
+                                  f"'{mode}' cache computes only the block)")
+            if probes and mode != "none":
+                raise DecodeError(f"{rule.name} scores the block with each position hidden in the same pass (a probe "
+                                  f"copy of the block): use cache 'none', not '{mode}'")
+            if probes and model is not None and model.logits_shift:
+                raise DecodeError(f"{rule.name}'s probe copy needs a model that predicts a position from itself; this "
+                                  "family predicts it from the one before (logits shift)")
+        if canvas and not grid and self.max_passes is not None:
+            need = rule.min_passes(self.gen_length, self.block_length)
+            if self.max_passes < need:
+                raise DecodeError(f"max_passes={self.max_passes} < the {need} passes {rule.name} needs on this canvas "
+                                  f"(gen_length {self.gen_length}, block_length {self.block_length}): it cannot finish")
+
+    def pass_bound(self) -> int:
+        """The loop's bound on passes: max_passes, or the rule's own when it takes commits back (0: the loop's
+        default, one pass per generated position)."""
+        if self.max_passes is not None:
+            return int(self.max_passes)
+        rule = self.rule
+        return rule.pass_bound(self.gen_length, self.block_length) if getattr(rule, "remask_names", ()) else 0
 
     def loop_settings(self, trace: bool = False, model=None) -> LoopSettings:
         """The compile-time part: the canvas, how logits are scored, and the loop's pieces (for `model`, a
-        ModelConfig: its attention decides the block grid and what cache "auto" means)."""
+        ModelConfig: its attention decides the block grid and what cache "auto" means; a rule with probes runs
+        the probed pass)."""
+        cache = CACHE_POLICIES[self.cache_mode(model)]
+        if getattr(self.rule, "probes", False):
+            cache = ProbedNoCache()
         return LoopSettings(
             self.gen_length, self.block_length,
             Scoring(float(self.temperature), bool(self.logits_eos_inf), bool(self.confidence_eos_eot_inf)),
-            cache=CACHE_POLICIES[self.cache_mode(model)],
+            cache=cache,
             stop=StopAtEos() if self.early_stop else NeverStop(),
             recorder=TraceRecorder() if trace else NoRecorder(),
-            block_grid=bool(model is not None and model.block_causal))
+            block_grid=bool(model is not None and model.block_causal),
+            max_passes=self.pass_bound())
 
     def fingerprint(self) -> dict[str, Any]:
         """Everything in this config that changes the generated tokens, JSON-able (for resume keys)."""

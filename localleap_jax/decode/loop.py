@@ -2,8 +2,8 @@
 
     out = decode_loop(denoiser, ids, mask, rng, rule, loop=settings, special=special_ids)
 
-The body is the step (`step.denoise_step`: the block's hidden states -> prediction/confidence -> rule ->
-commits) between the pieces `settings` holds: the cache policy (what the pass computes and keeps), the
+The body is the step (`step.denoise_step`: the region's hidden states -> prediction/confidence -> rule ->
+commits and remasks) between the pieces `settings` holds: the cache policy (what the pass computes and keeps), the
 recorder (what is written down), the stop policy (early stop). The loop itself only does the bookkeeping
 that every generation shares: per row, a full block moves the row to its next block (or ends it: last block,
 or the stop policy) and resets its rule state; NFE counts the passes in which a row was still working.
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from localleap_jax.decode.cache import CachePolicy
-from localleap_jax.decode.canvas import Canvas, rows_where
+from localleap_jax.decode.canvas import Canvas, rows_take, rows_where
 from localleap_jax.decode.recorder import Recorder
 from localleap_jax.decode.step import Scoring, denoise_step
 from localleap_jax.decode.stop import StopPolicy
@@ -39,6 +39,7 @@ class LoopSettings(NamedTuple):
     stop: StopPolicy
     recorder: Recorder
     block_grid: bool = False  # blocks on each row's grid from its first real token (block diffusion; canvas.py)
+    max_passes: int = 0  # the bound on passes (DecodeConfig.max_passes); 0: one per generated position
 
 
 class LoopState(NamedTuple):
@@ -52,6 +53,7 @@ class LoopState(NamedTuple):
     cache: Any  # the cache policy's state
     rule_state: Any  # the rule's own state, leading axis B
     record: Any  # the recorder's state (() when not recording)
+    remasks: Any = ()  # [B] tokens taken back per row, for a rule that revokes (else (): nothing in the program)
 
 
 class LoopOutput(NamedTuple):
@@ -60,6 +62,7 @@ class LoopOutput(NamedTuple):
     passes: Int[Array, ""]
     full_passes: Int[Array, ""]
     record: Any
+    remasks: Any = ()
 
 
 def decode_loop(denoiser: Denoiser, ids: Int[Array, "B P"], mask: Bool[Array, "B P"], rng: jax.Array | None, rule,
@@ -69,28 +72,38 @@ def decode_loop(denoiser: Denoiser, ids: Int[Array, "B P"], mask: Bool[Array, "B
     G, T = loop.gen_length, loop.block_length
     canvas = Canvas.build(ids, mask, gen_length=G, block_length=T, mask_id=special.mask, shift=denoiser.shift,
                           grid=loop.block_grid)
-    rule_state0 = rule.init(B, T, denoiser.vocab)
+    region_kind = getattr(rule, "region", "block")  # static: what the rule sees and changes
+    rule_state0 = rule.init(B, G if region_kind == "generated" else T, denoiser.vocab)
+    bound = loop.max_passes or canvas.length - canvas.prompt_length
 
     def body(state: LoopState) -> LoopState:
         block = canvas.block(state.x, state.block)
+        region = canvas.region(state.x, block, region_kind)
         refresh = loop.cache.refreshes(state.done, state.step_in_block, state.block)
         hidden = loop.cache.forward(denoiser, canvas, state.x, block, state.cache, refresh,
-                                    loop.recorder.wants_region)
+                                    loop.recorder.wants_region or region_kind == "generated")
         key = None if rng is None else jax.random.fold_in(rng, state.passes)
-        step = denoise_step(denoiser.head, hidden.block, block.tokens, state.done, state.step_in_block, rule,
-                            state.rule_state, scoring=loop.scoring, special=special, key=key, gen_length=G,
-                            block_length=T, num_blocks=canvas.row_blocks)
-        x = state.x.at[jnp.arange(B)[:, None], block.idx].set(step.tokens)
+        step = denoise_step(denoiser.head, hidden.block if region.valid is None else hidden.region, region.tokens,
+                            state.done, state.step_in_block, rule, state.rule_state, scoring=loop.scoring,
+                            special=special, key=key, gen_length=G, block_length=T, num_blocks=canvas.row_blocks,
+                            valid=region.valid, held_out=hidden.held_out)
+        x = state.x.at[jnp.arange(B)[:, None], region.idx].set(step.tokens)
 
-        block_full = ~jnp.any(step.tokens == special.mask, axis=1)
+        if region.valid is None:  # the block is the region
+            block_full = ~jnp.any(step.tokens == special.mask, axis=1)
+            block_now = block._replace(tokens=step.tokens)
+        else:  # the block ends when nothing up to its end is masked
+            block_full = ~jnp.any((step.tokens == special.mask) & region.valid, axis=1)
+            block_now = block._replace(tokens=rows_take(x, block.idx))
         last_block = state.block == canvas.row_blocks - 1
-        stop_here, x = loop.stop.update(x, block._replace(tokens=step.tokens), block_full, last_block, special)
+        stop_here, x = loop.stop.update(x, block_now, block_full, last_block, special)
         done = state.done | (~state.done & block_full & (last_block | stop_here))
         advance, moved = loop.cache.advances(done, block_full)
         # A row entering a new block starts afresh. (A row with no candidates is done, or waits with a full
         # block for the batch to advance, which resets it: what its update did meanwhile is never read.)
-        rule_state = rows_where(advance, rule_state0, step.rule_state)
-        record = loop.recorder.update(state.record, denoiser.head, hidden.region, block, step, state.nfe,
+        rule_state = (rows_where(advance, rule_state0, step.rule_state) if getattr(rule, "resets_state", True)
+                      else step.rule_state)  # (a rule whose state spans blocks, as Saber's threshold history)
+        record = loop.recorder.update(state.record, denoiser.head, hidden.region, region, step, state.nfe,
                                       canvas.prompt_length, loop.scoring, special)
         return LoopState(
             x=x,
@@ -103,14 +116,17 @@ def decode_loop(denoiser: Denoiser, ids: Int[Array, "B P"], mask: Bool[Array, "B
             cache=hidden.cache,
             rule_state=rule_state,
             record=record,
+            remasks=() if step.remask is None else state.remasks + jnp.sum(step.remask > 0, axis=1, dtype=jnp.int32),
         )
 
     def cond(state: LoopState):
-        # Every working row commits at least one token per pass, so as many passes as positions always suffice.
-        return ~jnp.all(state.done) & (state.passes < canvas.length - canvas.prompt_length)
+        # A rule that only commits commits at least one token per working pass, so as many passes as positions
+        # always suffice; one that takes commits back runs until `max_passes` (rows left then hit the bound).
+        return ~jnp.all(state.done) & (state.passes < bound)
 
     zeros = jnp.zeros((B,), jnp.int32)
     state = LoopState(canvas.x0, zeros, zeros, jnp.zeros((B,), bool), zeros, jnp.int32(0), jnp.int32(0),
-                      loop.cache.init(denoiser, canvas), rule_state0, loop.recorder.init(B, G))
+                      loop.cache.init(denoiser, canvas), rule_state0, loop.recorder.init(B, G, loop.max_passes or G),
+                      zeros if getattr(rule, "remask_names", ()) else ())
     state = jax.lax.while_loop(cond, body, state)
-    return LoopOutput(state.x, state.nfe, state.passes, state.full_passes, state.record)
+    return LoopOutput(state.x, state.nfe, state.passes, state.full_passes, state.record, state.remasks)

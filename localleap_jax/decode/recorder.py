@@ -1,7 +1,7 @@
 """Recorders: what the loop writes down about each pass besides the canvas.
 
-    state = recorder.init(batch, gen_length)
-    state = recorder.update(state, head, region, block, step, nfe, scoring, special)   # every pass
+    state = recorder.init(batch, gen_length, passes)
+    state = recorder.update(state, head, hidden_region, region, step, nfe, scoring, special)   # every pass
     trace = recorder.to_host(state, x, nfe, prompt_length, clause_names)           # after the loop
 
 `NoRecorder` carries nothing (the program holds no trace buffers); `TraceRecorder` fills the static buffers
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from localleap_jax.decode.canvas import Block
+from localleap_jax.decode.canvas import Region
 from localleap_jax.decode.step import Scoring, StepResult, predict
 from localleap_jax.denoiser import SpecialIds
 from localleap_jax.trace import Trace
@@ -27,26 +27,26 @@ from localleap_jax.trace import Trace
 class Recorder(Protocol):
     wants_region: bool
 
-    def init(self, batch: int, gen_length: int) -> Any: ...
+    def init(self, batch: int, gen_length: int, passes: int) -> Any: ...
 
-    def update(self, state: Any, head, region: Float[Array, "B G D"] | None, block: Block, step: StepResult,
+    def update(self, state: Any, head, hidden_region: Float[Array, "B G D"] | None, region: Region, step: StepResult,
                nfe: Int[Array, "B"], prompt_length: int, scoring: Scoring, special: SpecialIds) -> Any: ...
 
     def to_host(self, state: Any, x: np.ndarray, nfe: np.ndarray, prompt_length: int,
-                clause_names: tuple[str, ...]) -> Trace | None: ...
+                clause_names: tuple[str, ...], remask_names: tuple[str, ...] = ()) -> Trace | None: ...
 
 
 @dataclasses.dataclass(frozen=True)
 class NoRecorder:
     wants_region: ClassVar[bool] = False
 
-    def init(self, batch, gen_length):
+    def init(self, batch, gen_length, passes):
         return ()
 
-    def update(self, state, head, region, block, step, nfe, prompt_length, scoring, special):
+    def update(self, state, head, hidden_region, region, step, nfe, prompt_length, scoring, special):
         return state
 
-    def to_host(self, state, x, nfe, prompt_length, clause_names):
+    def to_host(self, state, x, nfe, prompt_length, clause_names, remask_names=()):
         return None
 
 
@@ -65,28 +65,33 @@ class TraceRecorder:
 
     wants_region: ClassVar[bool] = True
 
-    def init(self, batch, gen_length):
-        B, G = batch, gen_length
-        return TraceBuffers(jnp.full((B, G, G), -1, jnp.int32), jnp.full((B, G, G), jnp.nan, jnp.float32),
-                            jnp.zeros((B, G, G), jnp.int8), jnp.full((B, G), -1, jnp.int32))
+    def init(self, batch, gen_length, passes):
+        B, G, S = batch, gen_length, passes
+        return TraceBuffers(jnp.full((B, S, G), -1, jnp.int32), jnp.full((B, S, G), jnp.nan, jnp.float32),
+                            jnp.zeros((B, S, G), jnp.int8), jnp.full((B, G), -1, jnp.int32))
 
-    def update(self, state, head, region, block, step, nfe, prompt_length, scoring, special):
+    def update(self, state, head, hidden_region, region, step, nfe, prompt_length, scoring, special):
         B, G = state.commit_pass.shape
+        S = state.pred.shape[1]
         rows = jnp.arange(B)[:, None]
-        if region is not None:
-            region_pred, region_conf, _ = predict(head(region), scoring._replace(temperature=0.0), special, None)
+        if hidden_region is not None:
+            region_pred, region_conf, _ = predict(head(hidden_region), scoring._replace(temperature=0.0), special,
+                                                  None)
         else:  # the pass computed only the block
             region_pred = jnp.full((B, G), -1, jnp.int32)
             region_conf = jnp.full((B, G), jnp.nan, jnp.float32)
-        at = block.idx - prompt_length
+        at = region.idx - prompt_length
         # A block-diffusion row's block may start in the prompt or reach past gen_length (its grid's tail):
         # those positions are not in the trace (index G is dropped).
         at = jnp.where((at >= 0) & (at < G), at, G)
         # Inside the block, record exactly what the rule saw (sampled predictions included).
         region_pred = region_pred.at[rows, at].set(step.pred, mode="drop")
         region_conf = region_conf.at[rows, at].set(step.conf, mode="drop")
-        region_code = jnp.zeros((B, G), jnp.int8).at[rows, at].set(step.code, mode="drop")
-        s = jnp.minimum(nfe, G - 1)
+        # commits as their clause codes k > 0, remasks as -k (k: the rule's remask clause); a position committed
+        # and taken back in the same pass (Saber may) is recorded as the remask, what the pass left there
+        code = step.code if step.remask is None else jnp.where(step.remask > 0, -step.remask, step.code)
+        region_code = jnp.zeros((B, G), jnp.int8).at[rows, at].set(code, mode="drop")
+        s = jnp.minimum(nfe, S - 1)
 
         def keep(buf, new):  # only working rows write their slot
             return buf.at[rows[:, 0], s].set(jnp.where(step.working[:, None], new, buf[rows[:, 0], s]))
@@ -95,9 +100,11 @@ class TraceRecorder:
         return TraceBuffers(keep(state.pred, region_pred), keep(state.conf, region_conf),
                             keep(state.clause, region_code), commit_pass)
 
-    def to_host(self, state, x, nfe, prompt_length, clause_names):
+    def to_host(self, state, x, nfe, prompt_length, clause_names, remask_names=()):
         clause = np.asarray(state.clause)
+        G = clause.shape[2]
         return Trace(pred=np.asarray(state.pred), conf=np.asarray(state.conf), committed=clause > 0, clause=clause,
                      clause_names=tuple(clause_names) + ("top1",),  # the last: a commit only the loop's contract made
-                     token=np.asarray(x)[:, prompt_length:], commit_pass=np.asarray(state.commit_pass),
-                     passes=np.asarray(nfe))
+                     token=np.asarray(x)[:, prompt_length:prompt_length + G],
+                     commit_pass=np.asarray(state.commit_pass), passes=np.asarray(nfe),
+                     remask_names=tuple(remask_names))

@@ -39,6 +39,8 @@ class Generation:
     seconds: float  # wall time of the run, compilation excluded
     compile_seconds: float  # 0.0 when the program was already compiled
     trace: Trace | None = None  # with generate(..., trace=True)
+    hit_bound: np.ndarray | None = None  # [B] bool: rows stopped by max_passes with masks left (a rule that revokes)
+    remasks: np.ndarray | None = None  # [B] tokens each row took back (a rule that revokes; None for one that does not)
 
 
 def prepare_inputs(ids, mask, cfg: DecodeConfig, config: ModelConfig, rng) -> tuple[np.ndarray, np.ndarray, int]:
@@ -119,7 +121,7 @@ class OneDevice:
 
     def fetch(self, out, batch):
         return LoopOutput(np.asarray(out.x), np.asarray(out.nfe), int(out.passes), int(out.full_passes),
-                          jax.tree.map(np.asarray, out.record))
+                          jax.tree.map(np.asarray, out.record), jax.tree.map(np.asarray, out.remasks))
 
 
 def pad_rows(a, rows: int) -> np.ndarray:
@@ -152,9 +154,13 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
     out = placement.fetch(compiled(denoiser, *inputs), B)  # waits for the device
     seconds = time.perf_counter() - t0
     out = out._replace(x=out.x[:, :P + cfg.gen_length])  # a block grid's tail past gen_length is not returned
+    # A row stopped by the bound still holds masks (a finished row holds none, its early-stop fill included).
+    hit_bound = np.any(np.asarray(out.x)[:, P:] == model.special.mask, axis=1)
     return Generation(tokens=out.x[:, pad:], nfe=out.nfe, forward_passes=out.passes, full_passes=out.full_passes,
                       prompt_length=P - pad, seconds=seconds, compile_seconds=compile_s,
-                      trace=loop.recorder.to_host(out.record, out.x, out.nfe, P, rule.clause_names))
+                      trace=loop.recorder.to_host(out.record, out.x, out.nfe, P, rule.clause_names,
+                                                  getattr(rule, "remask_names", ())),
+                      hit_bound=hit_bound, remasks=None if isinstance(out.remasks, tuple) else out.remasks)
 
 
 def generate(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,

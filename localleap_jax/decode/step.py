@@ -1,9 +1,9 @@
-"""One denoising step, apart from the loop's bookkeeping: hidden states of the block -> LM head -> prediction
-and confidence -> the rule -> commits.
+"""One denoising step, apart from the loop's bookkeeping: hidden states of the rule's region -> LM head ->
+prediction and confidence -> the rule -> commits (and remasks).
 
 `predict` turns logits into a prediction, its confidence and the scored distribution; `denoise_step` runs
 the rule on them and keeps the rule contract (only candidates commit; a working row commits at least its
-most confident candidate), so no rule has to.
+most confident candidate unless it remasks; only positions that hold a token are remasked), so no rule has to.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from localleap_jax.denoiser import SpecialIds
-from localleap_jax.rules import Signals, most_confident
+from localleap_jax.rules import Decision, DecodeError, Signals, most_confident
 
 
 class Scoring(NamedTuple):
@@ -60,29 +60,60 @@ def predict(logits: Float[Array, "B T V"], scoring: Scoring, ids: SpecialIds, ke
 
 
 class StepResult(NamedTuple):
-    pred: Int[Array, "B T"]  # the prediction at every position of the block
+    pred: Int[Array, "B T"]  # the prediction at every position of the region
     conf: Float[Array, "B T"]  # its confidence
     code: Int[Array, "B T"]  # int8 commit codes: 0 none, k committed by clause k (the rule's, then the forced top1)
-    tokens: Int[Array, "B T"]  # the block after this step's commits
+    tokens: Int[Array, "B T"]  # the region after this step's commits and remasks
     rule_state: Any
     working: Bool[Array, "B"]  # rows that had a candidate this step
+    remask: Int[Array, "B T"] | None = None  # int8 remask codes (k: remask_names[k - 1]); None: the rule never does
 
 
 def denoise_step(head: Callable[[Array], Array], hidden: Float[Array, "B T D"], tokens: Int[Array, "B T"],
                  done: Bool[Array, "B"], step_in_block: Int[Array, "B"], rule, rule_state, *, scoring: Scoring,
                  special: SpecialIds, key: jax.Array | None, gen_length: int, block_length: int,
-                 num_blocks: Int[Array, "B"] | int | None = None) -> StepResult:
-    """One step on each row's current block: `hidden` are the hidden states that predict it, `tokens` what it
-    holds. Rows that are `done` have no candidates. `num_blocks`: the blocks each row decodes (the schedule's
-    steps per block are a rule's `steps` over it; default gen_length // block_length)."""
+                 num_blocks: Int[Array, "B"] | int | None = None, valid: Bool[Array, "B T"] | None = None,
+                 held_out: Float[Array, "B T D"] | None = None) -> StepResult:
+    """One step on each row's region (its current block, or the generated region up to the block's end, `valid`):
+    `hidden` are the hidden states that predict it, `tokens` what it holds. Rows that are `done` have no
+    candidates. `num_blocks`: the blocks each row decodes (the schedule's steps per block are a rule's `steps`
+    over it; default gen_length // block_length). `held_out`: hidden states of the block's probe copy (a rule
+    with probes)."""
     pred, conf, scored = predict(head(hidden), scoring, special, key)
-    candidates = (tokens == special.mask) & ~done[:, None]
+    is_mask = tokens == special.mask
+    in_region = ~done[:, None] if valid is None else valid & ~done[:, None]
+    candidates = is_mask & in_region
     working = jnp.any(candidates, axis=1)
+    held_out_logits = None if held_out is None else predict(head(held_out), scoring._replace(temperature=0.0),
+                                                            special, None)[2]
     signals = Signals(logits=scored, pred=pred, conf=conf, candidates=candidates, step=step_in_block,
-                      gen_length=gen_length, block_length=block_length, num_blocks=num_blocks)
-    code, rule_state = rule.update(signals, rule_state)
-    code = keep_contract(code, candidates, conf, forced=len(rule.clause_names) + 1)
-    return StepResult(pred, conf, code, jnp.where(code > 0, pred, tokens), rule_state, working)
+                      gen_length=gen_length, block_length=block_length, num_blocks=num_blocks, tokens=tokens,
+                      valid=valid, mask_id=special.mask, held_out_logits=held_out_logits)
+    decision, rule_state = rule.update(signals, rule_state)
+    forced = len(rule.clause_names) + 1
+    if not isinstance(decision, Decision):  # a rule that only commits: nothing of the remask path is traced
+        code = keep_contract(decision, candidates, conf, forced=forced)
+        return StepResult(pred, conf, code, jnp.where(code > 0, pred, tokens), rule_state, working)
+    code, remask = apply_decision(decision, rule, candidates, in_region, pred, tokens, conf, special.mask, forced)
+    new = jnp.where(remask > 0, special.mask, jnp.where(code > 0, pred, tokens))
+    return StepResult(pred, conf, code, new, rule_state, working, remask)
+
+
+def apply_decision(decision: Decision, rule, candidates: Bool[Array, "B T"], in_region: Bool[Array, "B T"],
+                   pred: Int[Array, "B T"], tokens: Int[Array, "B T"], conf: Float[Array, "B T"], mask_id: int,
+                   forced: int) -> tuple[Int[Array, "B T"], Int[Array, "B T"]]:
+    """(commit codes, remask codes) of a rule that revokes, kept to the contract: commits first (candidates only),
+    then remasks of what holds a token after them (decoded before this pass or just committed; never the prompt,
+    never outside the region); a working row that neither commits nor remasks commits its most confident
+    candidate, as a rule that only commits always does. (Never traced for a rule that only commits.)"""
+    if not getattr(rule, "remask_names", ()):
+        raise DecodeError(f"rule {getattr(rule, 'name', rule)!r} returned Decision(commit, remask) but declares no "
+                          "remask_names: a rule that takes commits back names its remask clauses (remask_names = (...))")
+    code = jnp.where(candidates, decision.commit.astype(jnp.int8), jnp.int8(0))
+    after = jnp.where(code > 0, pred, tokens)
+    remask = jnp.where((after != mask_id) & in_region, decision.remask.astype(jnp.int8), jnp.int8(0))
+    idle = ~jnp.any(code > 0, axis=1, keepdims=True) & ~jnp.any(remask > 0, axis=1, keepdims=True)
+    return jnp.where(idle & most_confident(conf, candidates), jnp.int8(forced), code), remask
 
 
 def keep_contract(code: Array, candidates: Bool[Array, "B T"], conf: Float[Array, "B T"], forced: int

@@ -20,7 +20,6 @@ window's ELBO bounds its log-likelihood from below, so the sum bounds the text's
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -236,6 +235,8 @@ class LocalLeapLM(LM):
             context, gen_kwargs = requests[i].args
             answers.append(cut_at_until(texts[j], gen_kwargs.get("until")))
             row = {"key": prompt_key(context), "nfe": int(out.nfe[j]), "seconds": out.seconds / len(batch),
+                   "remasks": 0 if out.remasks is None else int(out.remasks[j]),
+                   "hit_bound": bool(out.hit_bound[j]) if out.hit_bound is not None else False,
                    "prompt_tokens": len(prompts[i].ids), "fewshot_dropped": prompts[i].fewshot_dropped,
                    "generated_tokens": len(cut_at_stop(generated[j], tok.stop_ids)),
                    "compile_seconds": out.compile_seconds if j == 0 else 0.0, "batch_size": len(batch)}

@@ -12,9 +12,10 @@ per row inside the compiled loop. Rules by module:
   uncertainty  margin, entropy (schedule by another ranking), eb (EB-Sampler)
   stateful     stable (this project's worked example); klass (KLASS)
   combinators  any_of, all_of
+  revoking     wino, saber, remdm: rules that take commits back (Decision(commit, remask))
 """
 
-from localleap_jax.rules.base import (DecodeError, Rule, RuleBase, Signals, first_clause, most_confident, per_row,
+from localleap_jax.rules.base import (Decision, DecodeError, Rule, RuleBase, Signals, first_clause, most_confident, per_row,
                                       rank_by, setting, top_k)
 from localleap_jax.rules.registry import (RULES, FunctionRule, parse_spec, register, register_rule, rule,
                                           rule_from_json, rule_to_json, split_specs, stateless)
@@ -22,8 +23,9 @@ from localleap_jax.rules.confidence import Dynamic, Factor, LocalLeap, LowConfid
 from localleap_jax.rules.uncertainty import EntropyBounded, Entropy, Margin  # noqa: E402
 from localleap_jax.rules.stateful import Klass, Stable  # noqa: E402
 from localleap_jax.rules.combinators import AllOf, AnyOf, all_of, any_of  # noqa: E402
+from localleap_jax.rules.revoking import ReMDM, Saber, Wino  # noqa: E402
 
-__all__ = ["AllOf", "AnyOf", "DecodeError", "Entropy", "EntropyBounded", "Factor", "FunctionRule", "Klass", "LocalLeap",
-           "Dynamic", "LowConfidence", "Margin", "RULES", "Rule", "RuleBase", "Signals", "Stable", "Threshold", "all_of", "any_of",
+__all__ = ["AllOf", "AnyOf", "Decision", "DecodeError", "Entropy", "EntropyBounded", "Factor", "FunctionRule", "Klass", "LocalLeap",
+           "Dynamic", "LowConfidence", "Margin", "RULES", "ReMDM", "Saber", "Wino", "Rule", "RuleBase", "Signals", "Stable", "Threshold", "all_of", "any_of",
            "first_clause", "most_confident", "near_any", "parse_spec", "per_row", "rank_by", "register",
            "register_rule", "rule", "rule_from_json", "rule_to_json", "setting", "split_specs", "stateless", "top_k"]

@@ -14,6 +14,22 @@ commit, and each working row commits at least one (its most confident candidate,
 chose none). It resets a row's
 state when the row enters a new block.
 
+A rule that takes commits back returns `Decision(commit, remask)` instead: `remask` (bool, or int8 codes
+naming `rule.remask_names`) marks positions of its region to mask again. The loop applies the commits, then
+the remasks, and only ever remasks a position that holds a token (decoded before this pass or committed by it;
+never a prompt position, never one outside the region); a working row that neither commits nor remasks
+commits its most confident candidate. A rule that returns a bare commit compiles to the program without any
+of it.
+
+Class attributes a rule may set (all static):
+  region        "block" (the current block; the default) or "generated": the generated region up to the current
+                block's end (Saber, ReMDM). The signals cover the region, and the block ends only when no
+                position of the region is masked.
+  probes        True: the pass also scores every position of the block with its own position hidden (a masked
+                copy of the block appended to the canvas, WINO's verification), as `signals.held_out`.
+  remask_names  names of the remask clauses (non-empty: the rule revokes).
+  resets_state  False: the loop keeps the rule's state when a row enters a new block (Saber's threshold history).
+
 Settings are traced, per row. Every numeric setting is a pytree leaf: `generate` turns each into
 an array of shape [B] (a scalar is broadcast), so the compiled program does not depend on their
 values (a sweep compiles once) and one batch can hold rows with different settings. Inside
@@ -24,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -43,17 +59,22 @@ class DecodeError(ValueError):
 
 
 class Signals:
-    """What one forward pass knows about each position of every row's current block.
+    """What one forward pass knows about each position of every row's region (its current block, or for a rule
+    with region "generated" the generated region up to the block's end).
 
-    `pred`, `conf` and `candidates` are always there; the distribution-derived signals are computed
-    (in fp32) only when a rule reads them: an attribute nobody touches never enters the program.
-    `logits` are the block's fp32 scores after LLaDA's switches (EOS/EOT at -inf when the config
-    says so), the distribution every confidence-like signal comes from.
+    `pred`, `conf` and `candidates` are always there, at every position of the region, committed ones too (the
+    prediction there and its confidence); the distribution-derived signals are computed (in fp32) only when a
+    rule reads them: an attribute nobody touches never enters the program. `logits` are the region's fp32
+    scores after LLaDA's switches (EOS/EOT at -inf when the config says so), the distribution every
+    confidence-like signal comes from. `tokens` is what the region holds before this pass, `valid` which of its
+    positions the rule may touch (all of a block; of the generated region, those up to the block's end).
     """
 
     def __init__(self, *, logits: Float[Array, "B T V"], pred: Int[Array, "B T"], conf: Float[Array, "B T"],
                  candidates: Bool[Array, "B T"], step: Int[Array, "B"], gen_length: int, block_length: int,
-                 num_blocks: Int[Array, "B"] | int | None = None):
+                 num_blocks: Int[Array, "B"] | int | None = None, tokens: Int[Array, "B T"] | None = None,
+                 valid: Bool[Array, "B T"] | None = None, mask_id: int | None = None,
+                 held_out_logits: Float[Array, "B T V"] | None = None):
         self.logits = logits
         self.pred = pred
         self.conf = conf
@@ -63,6 +84,34 @@ class Signals:
         self.block_length = block_length
         # Blocks each row decodes: gen_length // block_length, or per row on a block-diffusion grid (canvas.py).
         self.num_blocks = gen_length // block_length if num_blocks is None else num_blocks
+        self.tokens = tokens
+        self._valid = valid
+        self.mask_id = mask_id
+        self._held_out_logits = held_out_logits
+
+    @property
+    def valid(self) -> Bool[Array, "B T"]:
+        return jnp.ones(self.conf.shape, bool) if self._valid is None else self._valid
+
+    @property
+    def decoded(self) -> Bool[Array, "B T"]:
+        """Positions of the region that hold a token (what a rule may remask)."""
+        return self.valid & (self.tokens != self.mask_id)
+
+    @functools.cached_property
+    def held_conf(self) -> Float[Array, "B T"]:
+        """The probability of the token each position holds (ReMDM ranks by it); the mask id at a masked one."""
+        logp = jax.nn.log_softmax(self.logits, axis=-1)
+        return jnp.exp(jnp.take_along_axis(logp, self.tokens[..., None], axis=-1)[..., 0])
+
+    @functools.cached_property
+    def held_out(self) -> Float[Array, "B T"]:
+        """For a rule with `probes`: the probability of the token each block position holds, scored with that
+        position hidden (WINO's verification: a masked copy of the block appended to the canvas)."""
+        if self._held_out_logits is None:
+            raise DecodeError("signals.held_out needs a rule with probes = True (the loop computes it only then)")
+        logp = jax.nn.log_softmax(self._held_out_logits, axis=-1)
+        return jnp.exp(jnp.take_along_axis(logp, self.tokens[..., None], axis=-1)[..., 0])
 
     @functools.cached_property
     def probs(self) -> Float[Array, "B T V"]:
@@ -216,11 +265,36 @@ def make_spec(name: str, settings: dict[str, Any]) -> str:
     return name + (":" + ",".join(f"{k}={_format(v)}" for k, v in items) if items else "")
 
 
+class Decision(NamedTuple):
+    """What a rule that takes commits back returns: commits and remasks over its region (bool or int8 codes)."""
+
+    commit: Array
+    remask: Array
+
+
 class RuleBase:
-    """Mixin for rule dataclasses: `name`, `clause_names`, `spec()`, `validate()`, stateless `init`."""
+    """Mixin for rule dataclasses: `name`, `clause_names`, `spec()`, `validate()`, stateless `init`, and the
+    loop's bound on passes."""
 
     name: ClassVar[str]
     clause_names: ClassVar[tuple[str, ...]] = ("commit",)
+    remask_names: ClassVar[tuple[str, ...]] = ()
+    region: ClassVar[str] = "block"
+    probes: ClassVar[bool] = False
+    resets_state: ClassVar[bool] = True
+
+    def pass_bound(self, gen_length: int, block_length: int) -> int:
+        """The passes a row may need at most (DecodeConfig.max_passes's default): a rule that only commits
+        commits at least one token per pass, so gen_length passes always suffice."""
+        return gen_length
+
+    def min_passes(self, gen_length: int, block_length: int) -> int:
+        """The passes a row needs at least (a max_passes below it is refused up front): one per block, or the
+        schedule's steps."""
+        steps = getattr(self, "steps", None)
+        if steps is not None and not isinstance(steps, jax.core.Tracer):
+            return int(np.max(np.asarray(steps)))
+        return max(gen_length // block_length, 1)
 
     def init(self, batch: int, block: int, vocab: int) -> State:
         return ()

@@ -8,7 +8,7 @@ import dataclasses
 import jax.numpy as jnp
 from flax import struct
 
-from localleap_jax.rules.base import RuleBase, Signals
+from localleap_jax.rules.base import DecodeError, RuleBase, Signals
 
 
 @struct.dataclass
@@ -36,6 +36,9 @@ class AnyOf(RuleBase):
 
     def validate(self, gen_length=None, block_length=None):
         for r in self.rules:
+            if getattr(r, "remask_names", ()) or getattr(r, "region", "block") != "block" or getattr(r, "probes", False):
+                raise DecodeError(f"{r.name} takes commits back or sees more than the block: it cannot be combined "
+                                  "with any_of/all_of (their union or intersection of commits has no remask to merge)")
             r.validate(gen_length, block_length)
         return self
 

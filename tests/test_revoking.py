@@ -1,0 +1,174 @@
+"""Rules that take commits back (localleap_jax.rules.revoking: wino, saber, remdm) through the compiled loop,
+against the authors' functions transcribed eagerly (localleap_jax.reference_revoke) on transformers' Llama with
+the same weights: the same tokens, NFE and remasks; left padding, per-row settings, the pass bound, traces, and
+the contract's refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flax import struct
+
+import localleap_jax as ll
+from localleap_jax import dynamics
+from localleap_jax import reference_revoke as ref
+from localleap_jax.compile_cache import compiled_programs
+from localleap_jax.decode import step as decode_step
+from localleap_jax.rules import Decision, RuleBase
+from localleap_jax.tokenizer import left_pad
+
+PROMPTS = [[276, 70, 271, 88, 226, 24, 298, 282], [100, 101, 102], [5, 17, 42, 9, 120, 3]]
+
+
+@pytest.fixture(scope="module")
+def sharp(sharp_checkpoint):
+    """(the 2-layer sharp JAX model, the same weights as transformers' Llama: plain and masked logits fns)."""
+    path, cfg, tensors = sharp_checkpoint
+    return (ll.load(path, dtype="float32"), *ref.llada_fns(cfg, tensors))
+
+
+def authors(name, sharp, prompt, settings, gen_length, block_length):
+    model, logits_fn, masked_fn = sharp
+    common = dict(mask_id=model.config.mask_token_id, gen_length=gen_length, predict_mask=False,
+                  vocab_limit=model.special.vocab_limit)  # (the loop never predicts the mask or undecodable ids)
+    if name == "wino":
+        return ref.wino_generate(masked_fn, prompt, block_length=block_length, **common, **settings)
+    if name == "saber":
+        return ref.saber_generate(logits_fn, prompt, block_length=block_length, **common, **settings)
+    return ref.remdm_generate(logits_fn, prompt, **common, **settings)
+
+
+CASES = [("wino", {}, 16, 8), ("wino", {"threshold": 0.5, "threshold_back": 0.95}, 16, 4),
+         ("saber", {}, 16, 8), ("saber", {"n": 1}, 16, 4),
+         ("remdm", {}, 16, 16), ("remdm", {"init_unmask_ratio": 0.75, "unmask_k": 2, "loop_steps": 3}, 16, 16)]
+
+
+@pytest.mark.parametrize("name, settings, gen_length, block_length", CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_each_rule_equals_the_authors_function(sharp, name, settings, gen_length, block_length):
+    model = sharp[0]
+    cfg = ll.DecodeConfig(strategy=ll.rule(name, **settings), gen_length=gen_length, block_length=block_length)
+    remasked = 0
+    for prompt in PROMPTS[:2]:
+        theirs = authors(name, sharp, prompt, settings, gen_length, block_length)
+        ids, mask = left_pad([prompt], model.config.pad_token_id)
+        out = ll.generate(model, ids, mask, cfg)
+        assert out.tokens[0, out.prompt_length:].tolist() == theirs.tokens[len(prompt):], prompt
+        assert int(out.nfe[0]) == theirs.nfe and int(out.remasks[0]) == theirs.remasks, prompt
+        assert not out.hit_bound[0]
+        remasked += theirs.remasks
+    assert remasked > 0  # the case happened: tokens were taken back
+
+
+def test_a_left_padded_batch_with_per_row_settings_equals_each_row_alone(sharp):
+    model = sharp[0]
+    thresholds = np.array([0.6, 0.5, 0.7], np.float32)
+    ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
+    batch = ll.generate(model, ids, mask, ll.DecodeConfig(strategy=ll.rule("wino", threshold=thresholds),
+                                                          gen_length=16, block_length=8))
+    for b, prompt in enumerate(PROMPTS):
+        one, m1 = left_pad([prompt], model.config.pad_token_id)
+        alone = ll.generate(model, one, m1, ll.DecodeConfig(strategy=ll.rule("wino", threshold=float(thresholds[b])),
+                                                            gen_length=16, block_length=8))
+        assert batch.tokens[b, batch.prompt_length:].tolist() == alone.tokens[0, alone.prompt_length:].tolist()
+        assert batch.nfe[b] == alone.nfe[0] and batch.remasks[b] == alone.remasks[0]
+    assert len(set(batch.nfe.tolist())) > 1  # rows really ran apart
+
+
+def test_the_bound_is_hit_and_reported_never_hung(sharp):
+    model = sharp[0]
+    ids, mask = left_pad(PROMPTS[:2], model.config.pad_token_id)
+    out = ll.generate(model, ids, mask, ll.DecodeConfig(strategy=ll.rule("saber"), gen_length=16, block_length=8,
+                                                        max_passes=3))
+    assert out.hit_bound.all() and out.forward_passes == 3 and (out.tokens == model.config.mask_token_id).any(axis=1).all()
+
+    @struct.dataclass
+    class Stuck(RuleBase):  # commits and takes everything back: no pass makes progress
+        name = "stuck"
+        remask_names = ("undo",)
+
+        def update(self, s, state):
+            return Decision(s.candidates, s.decoded | s.candidates), state
+
+    out = ll.generate(model, ids, mask, ll.DecodeConfig(strategy=Stuck(), gen_length=16, block_length=8,
+                                                        max_passes=20))
+    assert out.hit_bound.all() and out.forward_passes == 20 and (out.nfe == 20).all()
+    with pytest.raises(ll.DecodeError, match=r"max_passes=1 < the 2 passes saber needs"):
+        ll.DecodeConfig(strategy="saber", gen_length=16, block_length=8, max_passes=1).validate()
+    with pytest.raises(ll.DecodeError, match=r"max_passes=20 < the 24 passes remdm needs"):
+        ll.DecodeConfig(strategy="remdm", gen_length=16, block_length=16, max_passes=20).validate()
+
+
+def test_a_rule_that_only_commits_never_traces_the_remask_path(sharp, monkeypatch):
+    import jax
+
+    from localleap_jax.decode import decode_loop
+
+    model = sharp[0]
+    ids, mask = left_pad(PROMPTS[:1], model.config.pad_token_id)
+
+    def jaxpr(rule):
+        cfg = ll.DecodeConfig(strategy=rule, gen_length=16, block_length=8)
+        loop = cfg.loop_settings(False, model.config)
+        return str(jax.make_jaxpr(lambda d, i, m, r: decode_loop(d, i, m, None, r, loop=loop, special=model.special))(
+            model.denoiser, ids, mask, cfg.rule.with_rows(1)))
+
+    before = jaxpr(ll.rule("threshold"))
+
+    def unreachable(*a, **k):
+        raise AssertionError("the remask path was traced")
+
+    monkeypatch.setattr(decode_step, "apply_decision", unreachable)
+    assert jaxpr(ll.rule("threshold")) == before  # the same program, with the remask path gone
+    with pytest.raises(AssertionError, match="remask path was traced"):
+        jaxpr(ll.rule("wino"))
+
+
+def test_traces_record_remasks_and_the_dynamics_count_them(sharp):
+    model = sharp[0]
+    ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
+    out = ll.generate(model, ids, mask, ll.DecodeConfig(strategy="saber", gen_length=16, block_length=8), trace=True)
+    trace = out.trace
+    assert trace.remask_names == ("dropped",)
+    assert trace.remasked.sum(axis=(1, 2)).tolist() == out.remasks.tolist() and out.remasks.sum() > 0
+    assert (trace.clause >= -1).all()  # only the one remask clause
+    summary = dynamics.revocations(trace)
+    assert summary["remasks"] == int(out.remasks.sum()) and summary["by_clause"] == {"dropped": summary["remasks"]}
+    assert sum(summary["by_tenth_of_the_answer"]) == summary["remasks"]
+    untraced = ll.generate(model, ids, mask, ll.DecodeConfig(strategy="saber", gen_length=16, block_length=8))
+    assert np.array_equal(untraced.tokens, out.tokens) and np.array_equal(untraced.nfe, out.nfe)
+
+
+def test_a_sweep_of_winos_thresholds_compiles_once(sharp):
+    model = sharp[0]
+    ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
+    before = len(compiled_programs())
+    outs = [ll.generate(model, ids, mask, ll.DecodeConfig(strategy=ll.rule("wino", threshold=t, threshold_back=tb),
+                                                          gen_length=16, block_length=8))
+            for t, tb in ((0.5, 0.9), (0.7, 0.95), (0.6, 0.8))]
+    assert len(compiled_programs()) - before <= 1  # (none when an earlier test compiled this shape)
+    assert len({o.tokens.tobytes() + o.nfe.tobytes() for o in outs}) > 1  # the settings changed the decoding
+
+
+@pytest.mark.parametrize("cfg, message", [
+    (dict(strategy="saber", cache="dual"), r"saber sees the whole generated region: use cache 'none' or 'prefix'"),
+    (dict(strategy="wino", cache="prefix"), r"wino scores the block with each position hidden .* use cache 'none'"),
+    (dict(strategy="remdm", block_length=8), r"remdm works on the whole canvas: block_length must equal gen_length"),
+    (dict(strategy="remdm:init_unmask_ratio=0.8", block_length=16), r"remdm: gen_length x init_unmask_ratio"),
+    (dict(strategy=ll.any_of(ll.rule("wino"), ll.rule("threshold"))), r"wino takes commits back .* any_of/all_of"),
+    (dict(strategy="saber:n=3"), r"saber: n=3 must lie in \[1, 2\]"),
+])
+def test_what_a_revoking_rule_cannot_run_with_is_refused_in_one_line(cfg, message):
+    with pytest.raises(ll.DecodeError, match=message):
+        ll.DecodeConfig(**{"gen_length": 16, "block_length": 8, **cfg}).validate()
+
+
+def test_wino_on_a_shifted_family_and_an_undeclared_decision_are_refused(dream_converted, sharp):
+    dream = ll.load(dream_converted, dtype="float32")
+    with pytest.raises(ll.DecodeError, match="logits shift"):
+        ll.DecodeConfig(strategy="wino", gen_length=16, block_length=8).validate(dream.config)
+    model = sharp[0]
+    ids, mask = left_pad(PROMPTS[:1], model.config.pad_token_id)
+    silent = ll.stateless(lambda s: Decision(s.candidates, s.decoded), name="silent")
+    with pytest.raises(ll.DecodeError, match="'silent' returned Decision.* declares no remask_names"):
+        ll.generate(model, ids, mask, ll.DecodeConfig(strategy=silent, gen_length=16, block_length=8))
