@@ -262,8 +262,8 @@ def print_headline(result: dict) -> None:
     revoked = result.get("revocations") or {}
     if revoked.get("remasks"):
         print(f"{'tokens taken back (remasks per answer)':<44}{revoked['remasks_per_row']:>10.2f}{'-':>9}   "
-              f"({revoked['remasks']} in all; by clause {revoked['by_clause']}; by tenth of the answer "
-              f"{revoked['by_tenth_of_the_answer']})")
+              f"({revoked['remasks']} in all; by clause {revoked['by_clause']}; by tenth of the generated region "
+              f"{revoked['by_tenth_of_the_region']})")
 
 
 def main(argv=None) -> int:

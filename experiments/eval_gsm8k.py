@@ -177,7 +177,9 @@ def run(args, mesh, progress: Progress) -> int:
         batch_size=args.batch_size, limit=args.limit, seed=args.seed, truncate_fewshot=args.truncate_fewshot,
         early_stop=args.early_stop, cache=args.caches[0], steps=args.steps, kappa=args.kappa, tau=args.tau,
         radius=args.radius, compile_cache=not args.no_compile_cache, mesh=mesh)
-    check_strategies(args.strategies, settings)
+    for cache_mode in args.caches:  # every strategy with every cache of the list, before any work
+        check_strategies(args.strategies, dataclasses.replace(settings, cache=cache_mode),
+                         f" with --cache {cache_mode}" if len(args.caches) > 1 else "")
     check_gen_length(settings.gen_length, path)
     plan = plan_data(args.data, args.fewshot_data, settings.num_fewshot, manifest)
     out = Path(args.output or REPO / "runs" / "eval_gsm8k" / path.name).expanduser().resolve()
@@ -198,13 +200,13 @@ def run(args, mesh, progress: Progress) -> int:
     return 0
 
 
-def check_strategies(strategies: list[str], settings: EvalSettings) -> None:
+def check_strategies(strategies: list[str], settings: EvalSettings, where: str = "") -> None:
     """Every --strategies entry with the decoding flags, checked together before anything is loaded."""
     for strategy in strategies:
         try:
             settings.check(strategy)
         except DecodeError as e:
-            raise UserError(f"--strategies {strategy}: {e}") from None
+            raise UserError(f"--strategies {strategy}{where}: {e}") from None
 
 
 def evaluate_all(model, strategies, caches, settings, task, out, progress) -> tuple[dict, list[dict]]:

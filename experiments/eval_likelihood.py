@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -26,7 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from localleap_jax.checkpoint import EMBEDDED  # noqa: E402
-from localleap_jax.gsm8k import EXIT_ERROR, OneLineParser, UserError, find_checkpoint, load_model  # noqa: E402
+from localleap_jax.gsm8k import (EXIT_ERROR, OneLineParser, UserError, find_checkpoint, load_model,  # noqa: E402
+                                 read_model_config)
+from localleap_jax.lm_eval import USER_ERRORS, CacheMismatchError  # noqa: E402
 from localleap_jax.gsm8k.command_line import termination_as_interrupt, whole_number  # noqa: E402
 
 # LLaDA's evaluation/eval.sh: (task, few-shot, cfg, mc_num, their --batch_size = the MC mini-batch)
@@ -36,7 +39,8 @@ PAPER_TASKS = [("gpqa_main_n_shot", 5, 0.5, 128, 8), ("truthfulqa_mc2", 0, 2.0, 
 
 
 def parse_tasks(text: str, mc_num: int | None, mc_batch: int | None, cfg: float | None) -> list[tuple]:
-    """(task, shots, cfg, mc_num, mc_batch) per task; command-line values override the table's."""
+    """(task, shots, cfg, mc_num, mc_batch) per task; command-line values override the table's. A --mc-num the
+    table's mini-batch does not divide takes the largest mini-batch below it that does."""
     out = []
     for item in [t.strip() for t in text.split(",") if t.strip()]:
         if item == "paper":
@@ -46,18 +50,33 @@ def parse_tasks(text: str, mc_num: int | None, mc_batch: int | None, cfg: float 
             out.append(("local", 0, 0.0, 128, 32))
             continue
         name, *rest = item.split(":")
+        if len(rest) > 3 or not name:
+            raise UserError(f"--tasks {item!r}: expected NAME[:SHOTS[:CFG[:MC_NUM]]]")
         try:
             shots = int(rest[0]) if len(rest) > 0 else 0
             guide = float(rest[1]) if len(rest) > 1 else 0.0
             mc = int(rest[2]) if len(rest) > 2 else 128
         except ValueError:
             raise UserError(f"--tasks {item!r}: expected NAME[:SHOTS[:CFG[:MC_NUM]]]") from None
+        if shots < 0 or mc < 1 or not math.isfinite(guide) or guide < 0:
+            raise UserError(f"--tasks {item!r}: shots >= 0, cfg a finite number >= 0 and mc_num >= 1")
         out.append((name, shots, guide, mc, min(32, mc)))
     if not out:
         raise UserError("--tasks names no task")
-    return [(name, shots, guide if cfg is None else cfg, mc if mc_num is None else mc_num,
-             (batch if mc_batch is None else mc_batch) if mc_num is None or mc_batch is not None
-             else min(batch, mc_num)) for name, shots, guide, mc, batch in out]
+    if cfg is not None and (not math.isfinite(cfg) or cfg < 0):
+        raise UserError(f"--cfg {cfg}: expected a finite number >= 0 (0: no guidance)")
+    tasks = []
+    for name, shots, guide, mc, batch in out:
+        mc = mc_num or mc
+        if mc_batch is not None:
+            batch = mc_batch
+        elif mc % batch:
+            batch = max(d for d in range(1, batch + 1) if mc % d == 0)
+        if mc % batch:
+            raise UserError(f"--mc-num {mc} is not a multiple of --mc-batch-size {batch} (the samples are drawn in "
+                            "whole mini-batches)")
+        tasks.append((name, shots, guide if cfg is None else cfg, mc, batch))
+    return tasks
 
 
 def parse_args(argv=None):
@@ -88,6 +107,9 @@ def evaluate(args) -> int:
     from localleap_jax.lm_eval.choice_task import write_choice_task
 
     path, _ = find_checkpoint(args.checkpoint)
+    if read_model_config(path).block_causal:
+        raise UserError(f"{path.name} is a block-diffusion model (block-causal attention): its authors publish no "
+                        "likelihood estimator, and none is served here")
     embedded = path == EMBEDDED
     tasks = parse_tasks(args.tasks or ("local" if embedded else "paper"), args.mc_num, args.mc_batch_size, args.cfg)
     out = Path(args.output or REPO / "results" / f"likelihood-{path.name}").expanduser().resolve()
@@ -108,6 +130,12 @@ def evaluate(args) -> int:
             res = lm_eval.simple_evaluate(model=lm, tasks=[name], task_manager=manager, num_fewshot=shots,
                                           limit=args.limit, use_cache=str(out / "cache" / name), bootstrap_iters=0,
                                           random_seed=args.seed)
+        except CacheMismatchError as e:
+            raise UserError(f"{e}; or pass another --output") from None
+        except USER_ERRORS as e:
+            raise UserError(str(e)) from None
+        except KeyError as e:  # lm-eval: no such task
+            raise UserError(f"lm-eval knows no task {name!r} ({e}); --tasks local runs offline") from None
         except (ConnectionError, OSError) as e:
             raise UserError(f"lm-eval could not load task {name} ({type(e).__name__}): offline? "
                             "--tasks local runs without the hub") from None

@@ -55,6 +55,11 @@ def loglikelihood(model, contexts, continuations, lcfg: LikelihoodConfig = Likel
     the authors do). The family's own estimator (LLaDA's for LLaDA, Dream's for Dream) unless
     `lcfg.estimator` names one; see `LikelihoodConfig`. `mesh` splits the requests over "data" and the weights
     over "model"; `progress` shows a bar; `greedy=True` returns LLaDA's is-greedy flags [N] bool instead."""
+    from jax.sharding import Mesh
+
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise DecodeError(f"mesh must be a jax Mesh (localleap_jax.partition.make_mesh(data=..., model=...)), got "
+                          f"{type(mesh).__name__}")
     placement = None if mesh is None else LikelihoodOnMesh(mesh)
     on_group = bar = None
     if progress:

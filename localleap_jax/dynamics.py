@@ -278,11 +278,11 @@ def revocations(trace: Trace) -> dict:
     by_clause = {name: int((trace.clause == -(k + 1)).sum()) for k, name in enumerate(trace.remask_names)}
     G = trace.token.shape[1]
     where = np.nonzero(remasked)
-    # position of each remask within the generated region, in tenths (where in the answer tokens are revoked)
+    # position of each remask within the generated region (gen_length positions, not the answer cut at EOS), in tenths
     tenths = np.bincount((where[2] * 10) // max(G, 1), minlength=10)[:10] if where[0].size else np.zeros(10, int)
     return {"remasks": int(rows.sum()), "remasks_per_row": float(rows.mean()) if rows.size else float("nan"),
             "positions_ever_remasked": float(remasked.any(axis=1).mean()) if remasked.size else float("nan"),
-            "by_clause": by_clause, "by_tenth_of_the_answer": tenths.astype(int).tolist()}
+            "by_clause": by_clause, "by_tenth_of_the_region": tenths.astype(int).tolist()}
 
 
 def summary(trace: Trace) -> dict:

@@ -72,6 +72,8 @@ def problems(split: str, seed: int) -> Iterator[dict]:
 
 
 def take(split: str, n: int, seed: int = 0, unique: bool = True) -> list[dict]:
+    if n < 1:
+        raise ValueError(f"take {n} problems: n must be at least 1")
     out, seen = [], set()
     for p in problems(split, seed):
         if unique and p["question"] in seen:

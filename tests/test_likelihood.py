@@ -174,6 +174,10 @@ def test_greedy_match_is_llada_suffix_greedy(llada):
     ([[5]], [[7]], ll.LikelihoodConfig(mc_num=100, batch_size=32), r"mc_num=100 must be a multiple of batch_size=32"),
     ([[5]], [[7]], ll.LikelihoodConfig(estimator="ar"), r"estimator='ar' is not one of llada, dream"),
     ([[5]], [[[7, 8]]], ll.LikelihoodConfig(), r"request 0: the continuation must be a flat list"),
+    ([[5]], [[7]], ll.LikelihoodConfig(estimator="dream"), r"estimator='dream' never scores a continuation's last"),
+    ([[5]], [[7]], {"mc_num": 8}, r"must be an ll.LikelihoodConfig, got dict"),
+    ([[5]], [[7, 2]], ll.LikelihoodConfig(), r"request 0: the continuation holds the mask id \(2\)"),
+    (5, [[7]], ll.LikelihoodConfig(), r"contexts and continuations are lists of token-id lists"),
 ])
 def test_bad_requests_are_refused_in_one_line(llada, contexts, continuations, lcfg, message):
     with pytest.raises(ll.LikelihoodError, match=message) as e:

@@ -134,7 +134,7 @@ def test_traces_record_remasks_and_the_dynamics_count_them(sharp):
     assert (trace.clause >= -1).all()  # only the one remask clause
     summary = dynamics.revocations(trace)
     assert summary["remasks"] == int(out.remasks.sum()) and summary["by_clause"] == {"dropped": summary["remasks"]}
-    assert sum(summary["by_tenth_of_the_answer"]) == summary["remasks"]
+    assert sum(summary["by_tenth_of_the_region"]) == summary["remasks"]
     untraced = ll.generate(model, ids, mask, ll.DecodeConfig(strategy="saber", gen_length=16, block_length=8))
     assert np.array_equal(untraced.tokens, out.tokens) and np.array_equal(untraced.nfe, out.nfe)
 
@@ -172,3 +172,81 @@ def test_wino_on_a_shifted_family_and_an_undeclared_decision_are_refused(dream_c
     silent = ll.stateless(lambda s: Decision(s.candidates, s.decoded), name="silent")
     with pytest.raises(ll.DecodeError, match="'silent' returned Decision.* declares no remask_names"):
         ll.generate(model, ids, mask, ll.DecodeConfig(strategy=silent, gen_length=16, block_length=8))
+
+
+class _Base(RuleBase):
+    """Stubs of a user's rule with one mistake each (subclasses below are flax dataclasses)."""
+
+    remask_names = ("undo",)
+
+    def update(self, s, state):
+        return Decision(s.candidates, s.decoded), state
+
+
+@struct.dataclass
+class _BadRegion(_Base):
+    name = "bad_region"
+    region = "Generated"
+
+
+@struct.dataclass
+class _ProbesOverRegion(_Base):
+    name = "probes_over_region"
+    region = "generated"
+    probes = True
+
+
+@struct.dataclass
+class _NamesAsString(_Base):
+    name = "names_as_string"
+    remask_names = "undo"
+
+
+@struct.dataclass
+class _BareCommit(_Base):
+    name = "bare_commit"
+
+    def update(self, s, state):
+        return s.candidates, state
+
+
+@struct.dataclass
+class _Tuple(_Base):
+    name = "tuple"
+    remask_names = ()
+
+    def update(self, s, state):
+        return (s.candidates, s.decoded), state
+
+
+@struct.dataclass
+class _FloatRemask(_Base):
+    name = "float_remask"
+
+    def update(self, s, state):
+        return Decision(s.candidates, s.conf), state
+
+
+@struct.dataclass
+class _NarrowRemask(_Base):
+    name = "narrow_remask"
+
+    def update(self, s, state):
+        return Decision(s.candidates, s.decoded[:, :3]), state
+
+
+@pytest.mark.parametrize("rule, message", [
+    (_BadRegion(), r"bad_region: region='Generated'; a rule's region is 'block' or 'generated'"),
+    (_ProbesOverRegion(), r"probes_over_region: probes score the current block"),
+    (_NamesAsString(), r"names_as_string: remask_names='undo' must be a tuple of names"),
+    (_BareCommit(), r"rule 'bare_commit' declares remask_names but returned .*Decision\(commit, remask\)"),
+    (_Tuple(), r"rule 'tuple' returned tuple as its commit; .* returns ll.rules.Decision"),
+    (_FloatRemask(), r"rule 'float_remask' returned a remask of dtype float32; expected bool or int8"),
+    (_NarrowRemask(), r"rule 'narrow_remask' returned a remask of shape \(1, 3\); expected \(1, 8\)"),
+])
+def test_a_users_revoking_rule_with_a_mistake_ends_in_one_line(sharp, rule, message):
+    model = sharp[0]
+    ids, mask = left_pad(PROMPTS[:1], model.config.pad_token_id)
+    with pytest.raises(ll.DecodeError, match=message) as e:
+        ll.generate(model, ids, mask, ll.DecodeConfig(strategy=rule, gen_length=8, block_length=8))
+    assert "\n" not in str(e.value)

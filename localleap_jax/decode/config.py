@@ -48,8 +48,9 @@ class DecodeConfig:
     cache: str = "auto"
     prompt_bucket: int = 64  # prompts are left-padded to a multiple of this, to bound recompiles
     # The loop's bound on forward passes. None: the rule's own (`rule.pass_bound`): gen_length for a rule that only
-    # commits (it commits a token per pass), more for one that takes commits back (WINO, Saber: 4 x gen_length;
-    # ReMDM: its schedule's exact count). Rows that reach it stop with masks left: `out.hit_bound`.
+    # commits (it commits a token per pass) and for WINO (a pass nets a token), 4 x gen_length for Saber, ReMDM's
+    # schedule's exact count; a user's revoking rule gets gen_length unless it says more. Rows that reach it stop
+    # with masks left: `out.hit_bound`.
     max_passes: int | None = None
 
     def __post_init__(self):
@@ -69,6 +70,10 @@ class DecodeConfig:
         """The rule object this config decodes with (a name plus the deprecated fields, mapped)."""
         legacy = {k: getattr(self, k) for k in LEGACY_SETTINGS if getattr(self, k) is not None}
         if not isinstance(self.strategy, str):
+            if isinstance(self.strategy, type) or not callable(getattr(self.strategy, "update", None)):
+                what = (f"the class {self.strategy.__name__} (pass an instance: {self.strategy.__name__}(...))"
+                        if isinstance(self.strategy, type) else f"{type(self.strategy).__name__} {self.strategy!r}")
+                raise DecodeError(f"strategy must be a rule (ll.rule(...), ll.stateless(fn)) or a rule name; got {what}")
             if legacy:
                 raise DecodeError(f"{', '.join(legacy)} given beside a rule object: set them on the rule, e.g. "
                                   f"ll.rule({self.strategy.name!r}, {', '.join(f'{k}=...' for k in legacy)})")
@@ -145,6 +150,14 @@ class DecodeConfig:
     def _check_revoking(self, rule, model, grid: bool, canvas: bool) -> None:
         """What a rule's region, probes and pass bound need of the rest of the config (refused in one line)."""
         region, probes = getattr(rule, "region", "block"), getattr(rule, "probes", False)
+        names = getattr(rule, "remask_names", ())
+        if region not in ("block", "generated"):
+            raise DecodeError(f"{rule.name}: region={region!r}; a rule's region is 'block' or 'generated'")
+        if probes and region != "block":
+            raise DecodeError(f"{rule.name}: probes score the current block; a rule with region {region!r} cannot "
+                              "have them")
+        if not isinstance(names, tuple) or not all(isinstance(n, str) for n in names):
+            raise DecodeError(f"{rule.name}: remask_names={names!r} must be a tuple of names, e.g. ('doubt',)")
         mode = self.cache_mode(model)
         if region != "block" or probes:
             if grid:

@@ -91,12 +91,38 @@ def denoise_step(head: Callable[[Array], Array], hidden: Float[Array, "B T D"], 
                       valid=valid, mask_id=special.mask, held_out_logits=held_out_logits)
     decision, rule_state = rule.update(signals, rule_state)
     forced = len(rule.clause_names) + 1
+    revokes = bool(getattr(rule, "remask_names", ()))
     if not isinstance(decision, Decision):  # a rule that only commits: nothing of the remask path is traced
+        if revokes:
+            raise DecodeError(f"rule {_name(rule)!r} declares remask_names but returned {type(decision).__name__}: a rule "
+                              "that takes commits back returns ll.rules.Decision(commit, remask)")
+        checked(rule, "commit", decision, candidates.shape)
         code = keep_contract(decision, candidates, conf, forced=forced)
         return StepResult(pred, conf, code, jnp.where(code > 0, pred, tokens), rule_state, working)
     code, remask = apply_decision(decision, rule, candidates, in_region, pred, tokens, conf, special.mask, forced)
     new = jnp.where(remask > 0, special.mask, jnp.where(code > 0, pred, tokens))
     return StepResult(pred, conf, code, new, rule_state, working, remask)
+
+
+def _name(rule) -> str:
+    return getattr(rule, "name", type(rule).__name__)
+
+
+def checked(rule, what: str, value, shape: tuple[int, ...]):
+    """A rule's commit (or remask) as returned, refused in one line naming the rule when it is not an array of the
+    region's shape holding bool or integer codes (checked while tracing: static shapes and dtypes, no cost)."""
+    if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+        hint = " (a rule that takes commits back returns ll.rules.Decision(commit, remask))" if isinstance(
+            value, tuple) else ""
+        raise DecodeError(f"rule {_name(rule)!r} returned {type(value).__name__} as its {what}; expected an array "
+                          f"{tuple(shape)} of bool or int8 clause codes{hint}")
+    if tuple(value.shape) != tuple(shape):
+        raise DecodeError(f"rule {_name(rule)!r} returned a {what} of shape {tuple(value.shape)}; expected "
+                          f"{tuple(shape)} (one value per position of each row's region)")
+    if not (jnp.issubdtype(value.dtype, jnp.bool_) or jnp.issubdtype(value.dtype, jnp.integer)):
+        raise DecodeError(f"rule {_name(rule)!r} returned a {what} of dtype {value.dtype}; expected bool or int8 "
+                          "clause codes (0: none, k: clause_names[k - 1])")
+    return value
 
 
 def apply_decision(decision: Decision, rule, candidates: Bool[Array, "B T"], in_region: Bool[Array, "B T"],
@@ -107,8 +133,10 @@ def apply_decision(decision: Decision, rule, candidates: Bool[Array, "B T"], in_
     never outside the region); a working row that neither commits nor remasks commits its most confident
     candidate, as a rule that only commits always does. (Never traced for a rule that only commits.)"""
     if not getattr(rule, "remask_names", ()):
-        raise DecodeError(f"rule {getattr(rule, 'name', rule)!r} returned Decision(commit, remask) but declares no "
+        raise DecodeError(f"rule {_name(rule)!r} returned Decision(commit, remask) but declares no "
                           "remask_names: a rule that takes commits back names its remask clauses (remask_names = (...))")
+    checked(rule, "commit", decision.commit, candidates.shape)
+    checked(rule, "remask", decision.remask, candidates.shape)
     code = jnp.where(candidates, decision.commit.astype(jnp.int8), jnp.int8(0))
     after = jnp.where(code > 0, pred, tokens)
     remask = jnp.where((after != mask_id) & in_region, decision.remask.astype(jnp.int8), jnp.int8(0))

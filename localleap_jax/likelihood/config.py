@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 
 class LikelihoodError(ValueError):
     """A likelihood request or setting that cannot be served (said in one line, before any work)."""
@@ -45,15 +47,15 @@ class LikelihoodConfig:
         bad = []
         for name in ("mc_num", "batch_size", "requests_per_call"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
                 bad.append(f"{name}={value!r} must be a positive integer")
         if not bad and self.mc_num % self.batch_size:
             bad.append(f"mc_num={self.mc_num} must be a multiple of batch_size={self.batch_size} "
                        "(the samples are drawn in whole mini-batches, as the authors draw them)")
-        if isinstance(self.cfg_scale, bool) or not isinstance(self.cfg_scale, (int, float)) \
+        if isinstance(self.cfg_scale, bool) or not isinstance(self.cfg_scale, (int, float, np.integer, np.floating)) \
                 or not math.isfinite(self.cfg_scale) or self.cfg_scale < 0:
             bad.append(f"cfg_scale={self.cfg_scale!r} must be a finite number >= 0")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not 0 <= self.seed < 2**32:
             bad.append(f"seed={self.seed!r} must be an integer in [0, 2**32)")
         if self.estimator is not None and self.estimator not in ESTIMATOR_NAMES:
             bad.append(f"estimator={self.estimator!r} is not one of {', '.join(ESTIMATOR_NAMES)} (or None)")
@@ -65,10 +67,10 @@ class LikelihoodConfig:
 
     @property
     def mc_batches(self) -> int:
-        return self.mc_num // self.batch_size
+        return int(self.mc_num) // int(self.batch_size)
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return {k: v.item() if isinstance(v, np.generic) else v for k, v in dataclasses.asdict(self).items()}
 
     @classmethod
     def from_json(cls, record: dict) -> "LikelihoodConfig":

@@ -17,6 +17,8 @@ def encode_pair(model_or_tokenizer, context: str, continuation: str, family: str
     config = getattr(model_or_tokenizer, "config", None)
     tokenizer = model_or_tokenizer.tokenizer if config is not None else model_or_tokenizer
     family = family or (config.family if config is not None else "llada")
+    if family not in ("llada", "dream", "sdar"):
+        raise ValueError(f"encode_pair: family must be llada, dream or sdar, got {family!r}")
     hf = getattr(tokenizer, "hf", tokenizer)
     if not isinstance(context, str) or not isinstance(continuation, str):
         raise TypeError(f"encode_pair takes two strings, got {type(context).__name__} and "

@@ -40,7 +40,7 @@ def window_bucket(n: int) -> int:
     return max(8, 1 << max(n - 1, 0).bit_length())
 
 
-def _as_id_list(value, what: str, index: int, vocab: int, empty_ok: bool) -> list[int]:
+def _as_id_list(value, what: str, index: int, vocab: int, empty_ok: bool, mask_id: int | None = None) -> list[int]:
     if isinstance(value, (str, bytes)) or value is None:
         raise LikelihoodError(f"request {index}: the {what} must be a list of token ids, got {type(value).__name__} "
                               "(encode text with likelihood.encode_pair)")
@@ -57,20 +57,24 @@ def _as_id_list(value, what: str, index: int, vocab: int, empty_ok: bool) -> lis
                               f"(got shape {ids.shape}, dtype {ids.dtype})")
     if ids.min() < 0 or ids.max() >= vocab:
         raise LikelihoodError(f"request {index}: the {what} holds ids outside [0, {vocab})")
+    if mask_id is not None and (ids == mask_id).any():
+        raise LikelihoodError(f"request {index}: the {what} holds the mask id ({mask_id}): it would read as a "
+                              "position to predict")
     return ids.astype(np.int64).tolist()
 
 
 def check_requests(contexts, continuations, config) -> list[tuple[list[int], list[int]]]:
     """The (context, continuation) id lists, or one LikelihoodError naming the first bad request."""
-    if isinstance(contexts, (str, bytes)) or isinstance(continuations, (str, bytes)):
+    if any(isinstance(a, (str, bytes)) or not hasattr(a, "__iter__") for a in (contexts, continuations)):
         raise LikelihoodError("contexts and continuations are lists of token-id lists, one per request")
     contexts, continuations = list(contexts), list(continuations)
     if len(contexts) != len(continuations):
         raise LikelihoodError(f"{len(contexts)} contexts but {len(continuations)} continuations")
     pairs = []
     for i, (context, continuation) in enumerate(zip(contexts, continuations)):
-        pair = (_as_id_list(context, "context", i, config.embedding_size, empty_ok=True),
-                _as_id_list(continuation, "continuation", i, config.embedding_size, empty_ok=False))
+        pair = (_as_id_list(context, "context", i, config.embedding_size, empty_ok=True, mask_id=config.mask_token_id),
+                _as_id_list(continuation, "continuation", i, config.embedding_size, empty_ok=False,
+                            mask_id=config.mask_token_id))
         total = len(pair[0]) + len(pair[1])
         if total > config.max_sequence_length:
             raise LikelihoodError(f"request {i}: context + continuation ({total} tokens) exceed the model's "
@@ -163,8 +167,13 @@ def run_groups(model, contexts, continuations, lcfg: LikelihoodConfig, *, placem
     """Estimates [N] (float64; with `greedy`, LLaDA's greedy-suffix flags [N] bool instead), in request order.
     `on_group(indices, values, seconds)` after each group (a progress bar, a stats log)."""
     placement = placement or OnOneDevice()
+    if not isinstance(lcfg, LikelihoodConfig):
+        raise LikelihoodError(f"the likelihood settings must be an ll.LikelihoodConfig, got {type(lcfg).__name__}")
     lcfg = lcfg.validate()
     config = model.config
+    if lcfg.estimator == "dream" and config.family != "dream":
+        raise LikelihoodError(f"estimator='dream' never scores a continuation's last token (the EOS Dream's pairs end "
+                              f"with); pairs of this {config.family} model hold none: use its own estimator")
     if config.block_causal:
         raise LikelihoodError("likelihood of block-diffusion models (SDAR) is not served: their authors publish no "
                               "estimator, and a block-causal mask changes what a masked token sees")

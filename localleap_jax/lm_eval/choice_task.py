@@ -43,6 +43,8 @@ def choices_of(problem: dict, rng: random.Random) -> tuple[str, list[str], int]:
 
 def write_choice_task(out: str | Path, tokenizer, n: int = 200, seed: int = 0) -> tuple[str, Path]:
     """Write OUT/data/choice.jsonl and OUT/tasks/synthetic_math_choice.yaml; returns (task name, include path)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"the choice task needs at least one item, got n={n!r}")
     out = Path(out)
     (out / "data").mkdir(parents=True, exist_ok=True)
     (out / "tasks").mkdir(parents=True, exist_ok=True)
@@ -64,11 +66,21 @@ def write_choice_task(out: str | Path, tokenizer, n: int = 200, seed: int = 0) -
     return TASK, out / "tasks"
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m localleap_jax.lm_eval.choice_task", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", help="directory to write into (OUT/tasks is the --include_path)")
-    ap.add_argument("--n", type=int, default=200, help="items (default 200)")
+    ap.add_argument("--n", type=_positive, default=200, help="items (default 200)")
     ap.add_argument("--checkpoint", default="embedded", help="whose chat format the contexts use (default embedded)")
     args = ap.parse_args(argv)
     from localleap_jax.checkpoint import CheckpointError

@@ -1,0 +1,37 @@
+"""experiments/eval_likelihood.py through its command line: the offline choice task end to end (summary, table,
+a rerun from the cache), and mistakes in one line before anything is loaded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import eval_likelihood
+
+
+def test_the_local_choice_task_runs_writes_its_summary_and_resumes(tmp_path, capsys):
+    argv = ["--n-local", "4", "--mc-num", "8", "--output", str(tmp_path), "--no-progress"]
+    assert eval_likelihood.main(argv) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    task = summary["tasks"]["synthetic_math_choice"]
+    assert task["n"] == 4 and task["mc_num"] == 8 and task["mc_batch_size"] == 8 and 0 <= task["acc"] <= 1
+    assert task["requests_scored"] == 16  # 4 items x 4 choices
+    assert "synthetic_math_choice" in capsys.readouterr().out
+    assert eval_likelihood.main(argv) == 0  # a rerun: every request from lm-eval's cache
+    again = json.loads((tmp_path / "summary.json").read_text())["tasks"]["synthetic_math_choice"]
+    assert again["requests_scored"] == 0 and again["acc"] == task["acc"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cfg", "-1"], r"--cfg -1.0: expected a finite number >= 0"),
+    (["--tasks", "local:0:0.5:16:9"], r"expected NAME\[:SHOTS\[:CFG\[:MC_NUM\]\]\]"),
+    (["--mc-num", "16", "--mc-batch-size", "7"], r"--mc-num 16 is not a multiple of --mc-batch-size 7"),
+    (["--checkpoint", "embedded-sdar"], r"is a block-diffusion model .* no likelihood estimator"),
+])
+def test_mistakes_end_in_one_line(tmp_path, capsys, argv, message):
+    import re
+
+    assert eval_likelihood.main([*argv, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(message, err[0]), err
