@@ -177,6 +177,9 @@ def run(args, mesh, progress: Progress) -> int:
         batch_size=args.batch_size, limit=args.limit, seed=args.seed, truncate_fewshot=args.truncate_fewshot,
         early_stop=args.early_stop, cache=args.caches[0], steps=args.steps, kappa=args.kappa, tau=args.tau,
         radius=args.radius, compile_cache=not args.no_compile_cache, mesh=mesh)
+    if not config.block_causal and settings.gen_length % settings.block_length:
+        raise UserError(f"--gen-length {settings.gen_length} is not a multiple of --block-length {settings.block_length}"
+                        " (the canvas is cut into whole blocks)")
     for cache_mode in args.caches:  # every strategy with every cache of the list, before any work
         check_strategies(args.strategies, dataclasses.replace(settings, cache=cache_mode),
                          f" with --cache {cache_mode}" if len(args.caches) > 1 else "")

@@ -435,7 +435,8 @@ ROWS = [
     ("checkpoint-missing", "eval --checkpoint {tmp}/nope", r"no checkpoint at \S*/nope"),
     ("strategy-unknown", "eval --strategies low_confidence,greedy", r"^--strategies greedy: unknown strategy .greedy."),
     ("strategy-setting", "eval --strategies threshold:kapa=0.8", r"^--strategies threshold:kapa=0.8: threshold has no setting kapa"),
-    ("gen-length-not-a-multiple", "eval --gen-length 60", r"gen_length=60 is not a multiple of block_length=16"),
+    ("gen-length-not-a-multiple", "eval --gen-length 60 --block-length 16",
+     r"^--gen-length 60 is not a multiple of --block-length 16 \(the canvas is cut into whole blocks\)$"),
     ("steps-not-a-multiple", "eval --steps 3", r"steps=3 is not a positive multiple of the number of blocks"),
     ("tau-above-kappa", "eval --tau 0.95", r"tau=0.95 > kappa=0.9"),
     # prompts and the model's length (item 4)

@@ -306,3 +306,12 @@ def test_the_table_reaches_every_clause_of_every_rule():
             continue
         for clause in ll.rule(name).clause_names:
             assert (name, clause) in reached, (name, clause)
+
+
+def test_a_per_row_kappa_below_the_default_tau_names_the_offending_rows():
+    import numpy as np
+
+    with pytest.raises(ll.DecodeError, match=r"\(row 0: tau 0.75 > kappa 0.7\); pass tau per row too"):
+        ll.DecodeConfig(strategy=ll.rule("localleap", kappa=np.array([0.7, 0.8, 0.9, 0.95]))).validate()
+    kappa = np.array([0.7, 0.8, 0.9, 0.95])  # what the message suggests runs
+    ll.DecodeConfig(strategy=ll.rule("localleap", kappa=kappa, tau=np.minimum(0.75, kappa))).validate()

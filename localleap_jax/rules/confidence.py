@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from jaxtyping import Array, Bool, Int
 
@@ -92,10 +93,17 @@ class LocalLeap(RuleBase):
     def validate(self, gen_length=None, block_length=None):
         super().validate()
         if not isinstance(self.tau, jax.core.Tracer) and not isinstance(self.kappa, jax.core.Tracer):
-            over = jnp.asarray(self.tau) > jnp.asarray(self.kappa)
-            if bool(jnp.any(over)):
-                raise DecodeError(f"localleap: tau={self.tau} > kappa={self.kappa}: the relaxed threshold must not "
-                                  "be stricter than the anchor threshold")
+            tau, kappa = np.broadcast_arrays(np.asarray(self.tau, np.float64), np.asarray(self.kappa, np.float64))
+            over = np.atleast_1d(tau > kappa)
+            if over.any():
+                if tau.ndim == 0:
+                    raise DecodeError(f"localleap: tau={self.tau} > kappa={self.kappa}: the relaxed threshold must "
+                                      "not be stricter than the anchor threshold")
+                rows = np.flatnonzero(over)
+                shown = ", ".join(f"row {i}: tau {np.atleast_1d(tau)[i]:g} > kappa {np.atleast_1d(kappa)[i]:g}"
+                                  for i in rows[:4]) + (", ..." if len(rows) > 4 else "")
+                raise DecodeError(f"localleap: the relaxed threshold must not be stricter than the anchor threshold "
+                                  f"({shown}); pass tau per row too, e.g. tau=np.minimum(0.75, kappa)")
         return self
 
     def update(self, s: Signals, state):
