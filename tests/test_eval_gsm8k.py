@@ -84,7 +84,7 @@ def test_real_gsm8k_file_runs_through_the_same_path(tmp_path):
     (lambda t: ["--data", str(t / "bad.jsonl")], r"bad.jsonl:2 needs the keys 'question' and 'answer'"),
     (lambda t: ["--data", str(t / "notjson.jsonl")], r"notjson.jsonl:1 is not valid JSON"),
     (lambda t: ["--strategies", "low_confidence,greedy"], "unknown strategy 'greedy'"),
-    (lambda t: ["--gen-length", "60"], "gen_length=60 is not a multiple of block_length=16"),
+    (lambda t: ["--gen-length", "60"], r"--gen-length 60 is not a multiple of --block-length 16"),
 ])
 def test_mistakes_end_with_one_clear_line(tmp_path, capfd, make_args, message):
     # The command line's main in this process (each mistake is refused before anything is loaded; the real
