@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 from localleap_jax.checkpoint import EMBEDDED  # noqa: E402
 from localleap_jax.gsm8k import (EXIT_ERROR, OneLineParser, UserError, find_checkpoint, load_model,  # noqa: E402
                                  read_model_config)
-from localleap_jax.lm_eval import USER_ERRORS, CacheMismatchError  # noqa: E402
+from localleap_jax.lm_eval import USER_ERRORS, CacheMismatchError, default_dtype  # noqa: E402
 from localleap_jax.gsm8k.command_line import termination_as_interrupt, whole_number  # noqa: E402
 
 # LLaDA's evaluation/eval.sh: (task, few-shot, cfg, mc_num, their --batch_size = the MC mini-batch)
@@ -114,9 +114,7 @@ def evaluate(args) -> int:
     tasks = parse_tasks(args.tasks or ("local" if embedded else "paper"), args.mc_num, args.mc_batch_size, args.cfg)
     out = Path(args.output or REPO / "results" / f"likelihood-{path.name}").expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    import jax
-
-    model = load_model(path, args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16"))
+    model = load_model(path, args.dtype or default_dtype())
     summary = {"checkpoint": str(path), "tasks": {}}
     for name, shots, guide, mc, batch in tasks:
         include = None

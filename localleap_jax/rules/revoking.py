@@ -12,6 +12,7 @@ import math
 from typing import ClassVar
 
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from localleap_jax.rules.base import (Decision, DecodeError, RuleBase, Signals, first_clause, most_confident, per_row,
@@ -173,8 +174,8 @@ class ReMDM(RuleBase):
         if block_length is not None and block_length != gen_length:
             raise DecodeError(f"remdm works on the whole canvas: block_length must equal gen_length ({gen_length}), "
                               f"got {block_length}")
-        for r, k in zip(jnp.atleast_1d(jnp.asarray(self.init_unmask_ratio)).tolist(),
-                        jnp.atleast_1d(jnp.asarray(self.unmask_k)).tolist()):
+        for r, k in zip(np.atleast_1d(np.asarray(self.init_unmask_ratio)).tolist(),
+                        np.atleast_1d(np.asarray(self.unmask_k)).tolist()):
             first = gen_length * r
             if r >= 1 or abs(first - round(first)) > 1e-6 or gen_length % k or round(first) % k:
                 raise DecodeError(f"remdm: gen_length x init_unmask_ratio ({gen_length} x {r:g}) must be a whole "
@@ -189,7 +190,7 @@ class ReMDM(RuleBase):
 
     def _count(self, gen_length: int) -> list[int]:
         """The passes the schedule takes (one per row setting)."""
-        rows = jnp.broadcast_arrays(*(jnp.atleast_1d(jnp.asarray(v)) for v in (self.init_unmask_ratio, self.unmask_k,
+        rows = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v)) for v in (self.init_unmask_ratio, self.unmask_k,
                                                                              self.loop_steps)))
         out = []
         for r, k, loops in zip(*(a.tolist() for a in rows)):
