@@ -3,6 +3,7 @@
     python experiments/analyze_dynamics.py --output runs/dynamics              # embedded model, offline, CPU
     python experiments/analyze_dynamics.py --checkpoint DIR --data test.jsonl --limit 200 --output runs/d
     python experiments/analyze_dynamics.py --strategy localleap --output runs/d-leap
+    python experiments/analyze_dynamics.py --rules path/to/myrules.py --strategy steady:k=2 --output runs/d-mine
     python experiments/analyze_dynamics.py --from-traces runs/dynamics/traces --output runs/again
 
 Generation: each problem becomes lm-eval's 0-shot GSM8K prompt ("Question: ...\\nAnswer:") in the
@@ -10,7 +11,8 @@ chat template, decoded by `localleap_jax.generate(..., trace=True)` in batches; 
 paper's setting, LLaDA's `low_confidence` with one token per step. Every batch's trace goes to
 DIR/traces/batch-NNNNN.npz (`localleap_jax.trace.save_trace`, with the decoded texts and the
 settings), so `--from-traces` reruns the analysis without the model, and a rerun with the same
-settings reuses the batches already there.
+settings and the same rule code (its digest is in the settings: an edited rule traces again) reuses the
+batches already there.
 
 Analysis: DIR/figure1a.png (one sample, `--row`), figure1b.png, figure1c.png, figure2.png, each with a
 JSON of its numbers, and DIR/dynamics.json ({"stable_within_25pct", "consistent_given_conf_gt_0.8",
@@ -32,9 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "experiments"))
 
-from localleap_jax.gsm8k import UserError, model_defaults, read_gsm8k_jsonl  # noqa: E402
+from localleap_jax.gsm8k import RULES_HELP, UserError, load_user_rules, model_defaults, read_gsm8k_jsonl  # noqa: E402
 
-GENERATION_FLAGS = ("checkpoint", "data", "limit", "strategy", "gen_length", "block_length", "batch_size",
+GENERATION_FLAGS = ("checkpoint", "data", "limit", "strategy", "rules", "gen_length", "block_length", "batch_size",
                     "cache", "early_stop", "dtype", "no_compile_cache")
 
 
@@ -46,6 +48,8 @@ def parse_args(argv=None):
     ap.add_argument("--limit", type=int, help="analyse only the first N problems (default: all of them)")
     ap.add_argument("--strategy", help="decoding rule, a name or 'name:key=value,...' (default: low_confidence, "
                                        "one token per step, the paper's setting)")
+    ap.add_argument("--rules", action="append", metavar="FILE.py|MODULE", help=RULES_HELP.replace("--strategies",
+                                                                                                   "--strategy"))
     ap.add_argument("--gen-length", type=int, help="generation canvas (default 256; the embedded model's own: 64)")
     ap.add_argument("--block-length", type=int, help="block size (default 32; embedded model: 16)")
     ap.add_argument("--batch-size", type=int, help="rows per generate call (default 16)")
@@ -74,7 +78,8 @@ def decode_config(args, ll, model_config=None):
         return ll.DecodeConfig(strategy=ll.rule(spec), gen_length=args.gen_length, block_length=args.block_length,
                                cache=args.cache or "auto", early_stop=bool(args.early_stop)).validate(model_config)
     except ll.DecodeError as e:
-        raise UserError(f"--strategy {spec}: {e}") from None
+        hint = "; a rule of your own: --rules path/to/myrules.py" if str(e).startswith("unknown strategy") else ""
+        raise UserError(f"--strategy {spec}: {e}{hint}") from None
 
 
 def load_problems(args, manifest: dict) -> tuple[list[dict], str]:
@@ -163,6 +168,7 @@ def generate_and_save(args, out: Path) -> list[Path]:
         model_config = ll.ModelConfig.from_json_file(path / "config.json")
     except (ll.CheckpointError, ll.ConfigError) as e:
         raise UserError(str(e)) from None
+    load_user_rules(args.rules)
     defaults = model_defaults(manifest, model_config)
     for key in ("gen_length", "block_length"):
         if getattr(args, key) is None:
@@ -180,8 +186,10 @@ def generate_and_save(args, out: Path) -> list[Path]:
     except (ll.CheckpointError, ll.ConfigError, ValueError) as e:
         raise UserError(str(e)) from None
     spec = args.strategy or "low_confidence"
+    identity = ll.rules.code_identity(cfg.rule)
     meta = {"checkpoint": str(path), "dtype": str(model.dtype), "data": data_desc, "strategy": spec,
-            "decode": cfg.fingerprint()}
+            "decode": cfg.fingerprint(), "spec": cfg.rule.spec(),  # the rule with every setting
+            "rule_code": identity["code"], "rule_defined_in": identity["defined_in"]}
     print(f"model {path} ({model.config.num_params / 1e6:.1f}M params, {model.dtype}); data: {data_desc}, "
           f"{len(problems)} problems; strategy {spec}, gen {cfg.gen_length}, block {cfg.block_length}; output {out}")
     prompts = [prompt_text(p["question"]) for p in problems]
@@ -222,10 +230,10 @@ def load_traces(files: list[Path]):
         traces.append(trace)
         texts += t if t is not None else [None] * trace.token.shape[0]
         metas.append(meta)
-    runs = {json.dumps({k: m.get(k) for k in ("checkpoint", "decode")}, sort_keys=True) for m in metas}
+    runs = {json.dumps({k: m.get(k) for k in ("checkpoint", "decode", "rule_code")}, sort_keys=True) for m in metas}
     if len(runs) > 1:
-        raise UserError(f"the trace files come from {len(runs)} different runs (checkpoint or decode settings); "
-                        "analyse each run on its own")
+        raise UserError(f"the trace files come from {len(runs)} different runs (checkpoint, decode settings or rule "
+                        "code); analyse each run on its own")
     try:
         return concat_traces(traces), texts, metas[0]
     except ValueError as e:

@@ -3,6 +3,7 @@
     python experiments/eval_gsm8k.py                       # the embedded small model, offline, a few minutes on CPU
     python experiments/eval_gsm8k.py --model GSAI-ML/LLaDA-8B-Instruct          # GPU/TPU: converts once, then reuses
     python experiments/eval_gsm8k.py --checkpoint DIR --data test.jsonl --limit 200
+    python experiments/eval_gsm8k.py --rules path/to/myrules.py --strategies steady:k=2,threshold   # your own rule
 
 lm-eval provides the task (few-shot prompts, stop strings), the filters (`strict-match`,
 `flexible-extract`) and the metric; `localleap_jax.lm_eval` only generates. Every
@@ -10,9 +11,9 @@ strategy runs on the same items. Results go to --output: samples.jsonl (one line
 strategy), summary.json, and lm-eval's response cache, so rerunning with the same --output skips
 what is done (also after an interruption mid-strategy). The cache is keyed on what the answers
 depend on (the weights' content, the tokenizer, the data's content, every setting that changes
-tokens), so a changed model or setting is generated again, never read from an old run. One run
-holds --output at a time (OUT/.lock names it). The machinery is `localleap_jax.gsm8k` (shared with
-sweep.py); this is its command line.
+tokens, the code of each rule), so a changed model, setting or edited rule is generated again, never
+read from an old run. One run holds --output at a time (OUT/.lock names it). The machinery is
+`localleap_jax.gsm8k` (shared with sweep.py); this is its command line.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ from localleap_jax import processes  # noqa: E402
 from localleap_jax.checkpoint import EMBEDDED  # noqa: E402
 from localleap_jax.decode import CACHE_MODES, DecodeError  # noqa: E402
 from localleap_jax.dist.multihost import leading, mesh_for_run  # noqa: E402
-from localleap_jax.gsm8k import (EXIT_ERROR, EvalSettings, OneLineParser, Progress, UserError,  # noqa: E402
-                                 check_gen_length, check_output, collect, config_record, count, default_strategies,
-                                 exit_status, find_checkpoint, holding, load_model, plan_data, positive, probability,
-                                 read_model_config, run_strategy, seed, summarize, write_atomically, write_task)
+from localleap_jax.gsm8k import (EXIT_ERROR, RULES_HELP, EvalSettings, OneLineParser, Progress,  # noqa: E402
+                                 UserError, check_gen_length, check_output, collect, config_record, count,
+                                 default_strategies, exit_status, find_checkpoint, holding, load_model,
+                                 load_user_rules, plan_data, positive, probability, read_model_config, rule_record,
+                                 run_strategy, seed, summarize, write_atomically, write_task)
 from localleap_jax.lm_eval import follow  # noqa: E402
 from localleap_jax.partition import parse_mesh  # noqa: E402
 from localleap_jax.rules import split_specs  # noqa: E402
@@ -67,7 +69,9 @@ def parse_args(argv=None):
                          "localleap,threshold:kappa=0.8,eb:gamma=0.01,klass:tau_c=0.6,tau_kl=0.015; the first is the "
                          "baseline of the ratios (default: low_confidence,threshold,localleap; for a block-diffusion "
                          "model low_confidence,dynamic:threshold=0.9,threshold,localleap; names: low_confidence, "
-                         "threshold, localleap, factor, eb, margin, entropy, klass, stable, dynamic)"),
+                         "threshold, localleap, factor, eb, margin, entropy, klass, stable, dynamic; and those "
+                         "--rules registers)"),
+    ap.add_argument("--rules", action="append", metavar="FILE.py|MODULE", help=RULES_HELP)
     ap.add_argument("--limit", type=positive, help="evaluate only the first N problems")
     ap.add_argument("--batch-size", type=positive, default=32)
     ap.add_argument("--gen-length", type=positive, help="generation canvas (default 256; the embedded model's own: 64)")
@@ -169,6 +173,7 @@ def run(args, mesh, progress: Progress) -> int:
     # Everything that can be checked cheaply is checked before anything is created or loaded.
     if args.output:
         check_output(Path(args.output).expanduser().resolve())
+    load_user_rules(args.rules)  # process 0 only: a follower loads what each generation's message names
     path, manifest = find_checkpoint(args.model or args.checkpoint)
     config = read_model_config(path)
     args.strategies = args.strategies or split_specs(default_strategies(config))
@@ -209,7 +214,8 @@ def check_strategies(strategies: list[str], settings: EvalSettings, where: str =
         try:
             settings.check(strategy)
         except DecodeError as e:
-            raise UserError(f"--strategies {strategy}{where}: {e}") from None
+            hint = "; a rule of your own: --rules path/to/myrules.py" if str(e).startswith("unknown strategy") else ""
+            raise UserError(f"--strategies {strategy}{where}: {e}{hint}") from None
 
 
 def evaluate_all(model, strategies, caches, settings, task, out, progress) -> tuple[dict, list[dict]]:
@@ -222,7 +228,7 @@ def evaluate_all(model, strategies, caches, settings, task, out, progress) -> tu
                                                 task, out, progress)
             rows = collect(name, lm, samples)
             all_rows += rows
-            summary[name] = summarize(rows)
+            summary[name] = {**summarize(rows), **rule_record(lm.cfg)}  # the rule's full spec and code digest
             texts[strategy, cache_mode] = [r["generated"] for r in rows]
             if cache_mode != caches[0]:  # how often the cached approximation changed nothing
                 same = [a == b for a, b in zip(texts[strategy, cache_mode], texts[strategy, caches[0]])]

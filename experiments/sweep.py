@@ -3,6 +3,8 @@
     python experiments/sweep.py --output runs/sweep                 # embedded model, offline, ~4 min on 2 CPU cores
     python experiments/sweep.py --strategies threshold,localleap --output runs/sweep
     python experiments/sweep.py --grid "localleap:kappa=0.8;0.9,tau=0.6;0.75,radius=2;4" --output runs/sweep
+    python experiments/sweep.py --rules path/to/myrules.py --strategies steady,threshold --grid "steady:k=1;2;3" \
+        --skip-figure4 --output runs/sweep-mine                       # your own rule beside the built-in ones
     python experiments/sweep.py --model GSAI-ML/LLaDA-8B-Instruct --data test.jsonl --limit 500 --grids large \\
         --output runs/sweep-llada                                     # GPU/TPU
 
@@ -28,7 +30,8 @@ Outputs in --output:
   samples.jsonl one line per problem and point (eval_gsm8k's format; "strategy" is the point's spec)
   cache/        lm-eval's response caches: a rerun generates nothing, an interrupted sweep resumes
 
-Grids: `--grids small` (default: a few points per rule, minutes on CPU) or `large`; `--grid
+Grids: `--grids small` (default: a few points per rule, minutes on CPU) or `large` (a rule with no preset grid,
+such as one of --rules', runs at its defaults); `--grid
 NAME:setting=v1;v2,setting=v3` replaces NAME's grid by the product of the values given (a setting not
 named keeps the rule's default; a combination the rule refuses, such as localleap with tau > kappa, is
 left out). `--ablation kappa=0.8;0.9` replaces Figure 4's values of one setting, `--center` its centre.
@@ -53,11 +56,14 @@ sys.path.insert(0, str(REPO / "experiments"))
 
 from localleap_jax.compile_cache import compiled_programs  # noqa: E402
 from localleap_jax.decode import CACHE_MODES, DecodeError  # noqa: E402
-from localleap_jax.gsm8k import (EvalSettings, OneLineParser, Progress, UserError, check_gen_length,  # noqa: E402
-                                 check_output, collect, config_record, count, exit_status, find_checkpoint, holding,
-                                 load_model, plan_data, positive, read_model_config, run_strategy, seed, summarize,
-                                 write_atomically, write_task)
+from localleap_jax.rules import RULES  # noqa: E402
+from localleap_jax.gsm8k import (RULES_HELP, EvalSettings, OneLineParser, Progress, UserError,  # noqa: E402
+                                 check_gen_length, check_output, collect, config_record, count, exit_status,
+                                 find_checkpoint, holding, load_model, load_user_rules, plan_data, positive,
+                                 read_model_config, rule_record, run_strategy, seed, summarize, write_atomically,
+                                 write_task)
 
+# The rules a sweep runs when --strategies names none; any registered rule may be named (--rules adds a user's).
 RULE_NAMES = ("low_confidence", "threshold", "localleap", "factor", "eb", "margin", "entropy", "klass", "stable")
 
 
@@ -139,7 +145,9 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=seed, default=0)
     ap.add_argument("--no-compile-cache", action="store_true", help="do not use JAX's persistent compilation cache")
     ap.add_argument("--strategies", default=",".join(RULE_NAMES),
-                    help="comma-separated rule names whose grids make the Pareto plot (default: all: %(default)s)")
+                    help="comma-separated rule names whose grids make the Pareto plot (default: %(default)s; any "
+                         "other registered rule, --rules' included, may be named)")
+    ap.add_argument("--rules", action="append", metavar="FILE.py|MODULE", help=RULES_HELP)
     ap.add_argument("--grids", default="small", choices=tuple(GRIDS), help="preset grids (default %(default)s)")
     ap.add_argument("--grid", action="append", default=[], metavar="NAME:SETTING=V1;V2,...",
                     help="replace NAME's grid by the product of these values (repeatable)")
@@ -151,6 +159,7 @@ def parse_args(argv=None):
     ap.add_argument("--output", required=True, help="output directory (a rerun resumes from it)")
     args = ap.parse_args(argv)
     try:
+        load_user_rules(args.rules)
         args.strategies = parse_strategies(args.strategies)
         args.grid = dict(parse_grid(text) for text in args.grid)
         args.ablation = dict(parse_ablation(text) for text in args.ablation)
@@ -183,8 +192,9 @@ def parse_strategies(text: str) -> list[str]:
         if ":" in name or "=" in name:
             raise UserError(f"argument --strategies: {name!r}: give rule names here; sweep a setting with "
                             f"--grid {name.split(':')[0]}:setting=v1;v2")
-        if name not in RULE_NAMES:
-            raise UserError(f"argument --strategies: unknown rule {name!r}; choose from {', '.join(RULE_NAMES)}")
+        if name not in RULES:
+            raise UserError(f"argument --strategies: unknown rule {name!r}; choose from {', '.join(sorted(RULES))} "
+                            "(a rule of your own: --rules path/to/myrules.py)")
     twice = sorted({n for n in given if given.count(n) > 1})
     if twice:
         raise UserError(f"argument --strategies: {', '.join(twice)} given twice")
@@ -226,7 +236,6 @@ def parse_assignments(flag: str, text: str) -> dict[str, list]:
 
 
 def rule_settings(name: str) -> list[str]:
-    from localleap_jax.rules import RULES
     from localleap_jax.rules.base import settings_of
 
     return sorted(settings_of(RULES[name]()))
@@ -238,8 +247,8 @@ def parse_grid(text: str) -> tuple[str, dict[str, list]]:
     name = name.strip()
     if not colon:
         raise UserError(f"argument --grid: {text!r} is not NAME:setting=v1;v2,...")
-    if name not in RULE_NAMES:
-        raise UserError(f"argument --grid: unknown rule {name!r}; choose from {', '.join(RULE_NAMES)}")
+    if name not in RULES:
+        raise UserError(f"argument --grid: unknown rule {name!r}; choose from {', '.join(sorted(RULES))}")
     axes = parse_assignments("--grid", rest)
     unknown = sorted(set(axes) - set(rule_settings(name)))
     if unknown:
@@ -336,7 +345,7 @@ def preset_grid(name: str, preset: str, eval_settings: EvalSettings) -> dict[str
     """A preset grid ("small", "large") on this canvas: tokens-per-step values become steps (those the
     blocks cannot take are left out)."""
     grid = {}
-    for key, values in GRIDS[preset][name].items():
+    for key, values in GRIDS[preset].get(name, {}).items():  # no preset (a user's rule): one point, its defaults
         values = [v.steps(eval_settings.gen_length, eval_settings.block_length) if isinstance(v, PerStep) else v
                   for v in values]
         grid[key] = list(dict.fromkeys(v for v in values if v is not NotImplemented))
@@ -517,7 +526,8 @@ def score_points(model, groups: dict[str, list[str]], eval_settings: EvalSetting
             batches += generated
             point_rows = collect(spec, lm, samples)
             rows += point_rows
-            results[spec] = {"rule": name, **summarize(point_rows), "batches_generated": generated}
+            results[spec] = {"rule": name, **summarize(point_rows), "batches_generated": generated,
+                             **rule_record(lm.cfg)}  # the full spec and the digest of the rule's code
             done += 1
             r = results[spec]
             print(f"[{done}/{total}] {spec}: {r[METRIC]:.3f} strict, mean NFE {r['mean_nfe']:.2f}, "

@@ -1,4 +1,5 @@
-"""Builders the tests share: tiny random LLaDA- and Dream-layout Hugging Face checkpoints, and where things are.
+"""Builders the tests share: tiny random LLaDA- and Dream-layout Hugging Face checkpoints, a user's rule module, and
+where things are.
 
 Plain functions (no fixtures): a test imports what it builds with (`from helpers import tiny_hf_config`);
 `conftest.py` holds the session fixtures made from them.
@@ -6,6 +7,7 @@ Plain functions (no fixtures): a test imports what it builds with (`from helpers
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -190,3 +192,73 @@ def random_sdar_tensors(cfg: dict, seed: int = 0, head_scale: float = 1.0) -> di
               b + "mlp.gate_proj.weight": rnd(f, d, std=0.1), b + "mlp.up_proj.weight": rnd(f, d, std=0.1),
               b + "mlp.down_proj.weight": rnd(d, f, std=0.1)}
     return t
+
+
+# ---------------------------------------------------------------- a user's rule module (README's "Decoding rules")
+
+# What a researcher writes, as README shows: a stateful rule class and a function, each registered by name.
+USER_RULES = '''
+import flax
+import jax.numpy as jnp
+import localleap_jax as ll
+
+
+@ll.register("steady")                            # a stateful rule: a dataclass with init/update
+@flax.struct.dataclass
+class Steady(ll.rules.RuleBase):
+    k: int = ll.rules.setting(2, int, low=1)      # a traced, validated, per-row setting
+    def init(self, batch, block, vocab):
+        return jnp.zeros((batch, block), jnp.int32), jnp.full((batch, block), -1, jnp.int32)
+    def update(self, s, state):
+        run, last = state
+        run = jnp.where(s.pred == last, run + 1, 1)
+        return s.candidates & (run >= ll.rules.per_row(self.k)), (run, s.pred)
+
+
+@ll.register("confident")
+def confident(s):
+    return s.candidates & (s.conf >= 0.8)
+'''
+# The edit a test makes between two runs: Steady waits one pass longer (so its NFE and answers change).
+USER_RULES_EDIT = ("run >= ll.rules.per_row(self.k))", "run >= ll.rules.per_row(self.k) + 1)")
+
+
+def write_user_rules(path: Path, edited: bool = False) -> Path:
+    text = USER_RULES.replace(*USER_RULES_EDIT) if edited else USER_RULES
+    assert text != USER_RULES or not edited
+    path.write_text(text)
+    return path
+
+
+@contextlib.contextmanager
+def rules_put_back():
+    """The rule registry and the loaded rule sources as they were, after the block (a test's rules are its own)."""
+    from localleap_jax.rules import registry, sources
+
+    saved = (dict(registry.RULES), dict(registry.ORIGINS), dict(sources._LOADED), dict(sources._BY_MODULE),
+             set(sources._TRIED_ENTRY_POINTS))
+    try:
+        yield
+    finally:
+        for target, value in zip((registry.RULES, registry.ORIGINS, sources._LOADED, sources._BY_MODULE,
+                                  sources._TRIED_ENTRY_POINTS), saved):
+            target.clear()
+            target.update(value)
+
+
+@contextlib.contextmanager
+def command_line_state_put_back():
+    """What the lm-eval adapter's command line changes in this process (sys.argv, lm-eval's logging) put back."""
+    import logging
+    import sys
+
+    import lm_eval.utils
+
+    argv, logger = sys.argv[:], logging.getLogger("lm_eval")
+    state = logger.handlers[:], logger.level, logger.propagate, lm_eval.utils._LOGGING_CONFIGURED
+    try:
+        yield
+    finally:
+        sys.argv = argv
+        logger.handlers[:], logger.propagate, lm_eval.utils._LOGGING_CONFIGURED = state[0], state[2], state[3]
+        logger.setLevel(state[1])

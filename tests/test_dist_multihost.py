@@ -435,3 +435,46 @@ def test_two_processes_match_one_write_only_from_process_0_and_resume(tmp_path):
             run.kill()
     if first.trace is None:
         pytest.skip("strace is not installed: the follower's writes were not traced (everything else was checked)")
+
+
+def test_a_follower_loads_the_leaders_rule_file_and_refuses_other_bytes(embedded32, tmp_path, capsys):
+    """Issue #22: a generate message names the rule files the rule's code comes from, with their bytes' digest; a
+    follower that has not loaded them loads them, and one whose copy differs refuses in one line (and the leader with
+    it, before the collective generation)."""
+    from helpers import rules_put_back, write_user_rules
+    from localleap_jax.rules import RULES, registry, sources
+
+    def as_a_fresh_follower(path):  # this process, as another one that never loaded the file
+        for name in ("steady", "confident"):
+            registry.unregister(name)
+        loaded = sources._LOADED.pop(str(path.resolve()))
+        sources._BY_MODULE.pop(loaded.module)
+
+    rules = write_user_rules(tmp_path / "myrules.py")
+    with rules_put_back():
+        ll.rules.load_rules(str(rules))
+        transport, mesh = QueueTransport(), make_mesh(1, 1)
+        lead = Leader(transport)
+        model = lead.load(EMBEDDED, "float32", mesh)
+        ids, mask = model.tokenizer.encode_batch([p["question"] for p in synthetic_math.take("test", 2, seed=1)])
+        cfg = ll.DecodeConfig(strategy="steady:k=3", gen_length=16, block_length=16)  # by name: the class of now
+        out = lead.generate(model, ids, mask, cfg, mesh=mesh)
+        lead.stop(0)
+        as_a_fresh_follower(rules)
+        follower = RecordingFollower()
+        assert follow(transport, follower) == 0
+        (theirs,) = [o for kind, o in follower.returned if kind == "generate"]
+        assert np.array_equal(theirs.tokens, out.tokens) and dict.__contains__(RULES, "steady")
+
+        lead = Leader(transport)
+        lead.generate(model, ids, mask, cfg, mesh=mesh)
+        lead.stop(0)
+        as_a_fresh_follower(rules)
+        write_user_rules(rules, edited=True)  # the follower's host holds another version of the file
+        capsys.readouterr()
+        follower, model_and_mesh = RecordingFollower(), (follower.model, follower.mesh)
+        follower.model, follower.mesh = model_and_mesh  # loaded before (the first run's load message)
+        assert follow(transport, follower) == 0
+        assert [o for kind, o in follower.returned if kind == "generate"] == [None]
+        assert re.fullmatch(r"error: process 0: the rules in \S+myrules.py differ from process 0's \(sha256 \w{12} "
+                            r"here, \w{12} there\): every host needs the same file\n", capsys.readouterr().err)

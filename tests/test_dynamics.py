@@ -383,3 +383,26 @@ def test_script_end_to_end_on_the_embedded_model(tmp_path, capsys):
     assert analyze_dynamics.main(["--limit", "2", "--batch-size", "2", "--no-compile-cache", "--output", str(out)]) == 0
     assert [f.name for f in (out / "traces").glob("*.npz")] == ["batch-00000.npz"]
     assert json.loads((out / "dynamics.json").read_text())["rows"] == 2
+
+
+def test_script_traces_a_users_rule_by_name_and_traces_again_after_an_edit(tmp_path):
+    """Issue #22: --rules FILE and its rule by name; the saved batches are keyed on the rule's code too."""
+    import json
+
+    import analyze_dynamics
+    from helpers import rules_put_back, write_user_rules
+
+    rules, out = write_user_rules(tmp_path / "myrules.py"), tmp_path / "run"
+    args = ["--rules", str(rules), "--strategy", "steady", "--limit", "2", "--batch-size", "2", "--gen-length", "16",
+            "--block-length", "16", "--no-compile-cache", "--output", str(out)]
+    with rules_put_back():
+        assert analyze_dynamics.main(args) == 0
+        settings = json.loads((out / "dynamics.json").read_text())["settings"]
+        assert settings["spec"] == "steady:k=2" and settings["rule_defined_in"] == [f"{rules.resolve()}:Steady"]
+        first = load_trace(out / "traces" / "batch-00000.npz")
+        write_user_rules(rules, edited=True)  # Steady waits one pass longer: the old traces are not this code's
+        assert analyze_dynamics.main(args) == 0
+        again = load_trace(out / "traces" / "batch-00000.npz")
+        assert again[2]["rule_code"] != first[2]["rule_code"]
+        assert json.loads((out / "dynamics.json").read_text())["settings"]["rule_code"] == again[2]["rule_code"]
+        assert not np.array_equal(again[0].passes, first[0].passes)  # traced again with the edited rule

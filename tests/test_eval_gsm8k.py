@@ -312,3 +312,48 @@ def test_the_live_accuracy_waits_for_enough_answers():
     assert acc.postfix == {}  # three answers, all right: a 1.000 that says nothing yet
     acc([req], ["#### 8"], None)
     assert acc.postfix == {"acc": "0.750 of 4"}
+
+
+# ---------------------------------------------------------------- issue #22: your rule in every command
+
+MINE = ["--limit", "2", "--batch-size", "2", "--gen-length", "16", "--block-length", "16", "--no-compile-cache"]
+
+
+def test_a_users_rule_file_runs_by_name_and_an_edit_reruns_exactly_it(tmp_path, capsys):
+    from helpers import rules_put_back, write_user_rules
+
+    rules, out = write_user_rules(tmp_path / "myrules.py"), tmp_path / "out"
+    args = ["--rules", str(rules), "--strategies", "steady,threshold", *MINE, "--output", str(out)]
+
+    def run():
+        capsys.readouterr()
+        assert eval_gsm8k.main(args) == 0
+        printed = capsys.readouterr().out
+        generated = {n: int(re.search(rf"^{n}: .*\((\d+) batches generated", printed, re.M).group(1))
+                     for n in ("steady", "threshold")}
+        rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+        return generated, json.loads((out / "summary.json").read_text()), rows
+
+    with rules_put_back():
+        first, summary, rows = run()
+        assert first == {"steady": 1, "threshold": 1}
+        steady = summary["strategies"]["steady"]
+        # the full spec (its default k written out) and the code's digest and place, beside the built-in's
+        assert steady["spec"] == "steady:k=2" and steady["rule_defined_in"] == [f"{rules.resolve()}:Steady"]
+        assert summary["strategies"]["threshold"]["spec"] == "threshold:kappa=0.9"
+        assert summary["strategies"]["threshold"]["rule_defined_in"] == ["localleap_jax.rules.confidence:Threshold"]
+        assert [s["source"] for s in summary["config"]["rule_sources"]] == [str(rules.resolve())]
+        assert {r["strategy"] for r in rows} == {"steady", "threshold"}
+        assert run()[0] == {"steady": 0, "threshold": 0}  # unchanged: everything read back
+
+        write_user_rules(rules, edited=True)  # Steady now waits one pass longer
+        again, edited, new_rows = run()
+        assert again == {"steady": 1, "threshold": 0}  # the edited rule generates again, the built-in is reused
+        assert edited["strategies"]["steady"]["rule_code"] != steady["rule_code"]
+        assert edited["strategies"]["threshold"] == {**summary["strategies"]["threshold"],
+                                                     "speedup": edited["strategies"]["threshold"]["speedup"],
+                                                     "nfe_ratio": edited["strategies"]["threshold"]["nfe_ratio"]}
+        # nothing stale: the edited rule's rows and summary are its new answers (one pass more each)
+        nfe = lambda rs: [r["nfe"] for r in rs if r["strategy"] == "steady"]  # noqa: E731
+        assert nfe(new_rows) != nfe(rows) and edited["strategies"]["steady"]["mean_nfe"] == sum(nfe(new_rows)) / 2
+        assert len(list((out / "cache").glob("steady-*_rank0.db"))) == 2  # the old code's answers stay under their key

@@ -496,3 +496,40 @@ def lm_eval_cache_hook():
     from lm_eval.api.model import CacheHook
 
     return CacheHook(None)
+
+
+def test_the_command_line_takes_a_users_rule_by_name_and_refuses_its_old_answers_after_an_edit(local_task, tmp_path,
+                                                                                               capfd, monkeypatch):
+    """Issue #22: model_args rules=FILE, the rule by name (its own setting beside it), its code in the answers' key."""
+    import lm_eval.tasks
+    from sqlitedict import SqliteDict
+
+    class LocalTasksOnly(lm_eval.tasks.TaskManager):  # the local task includes the stock gsm8k.yaml by path:
+        def __init__(self, *args, **kwargs):            # indexing every stock task would cost ~15 s a run
+            super().__init__(*args, **{"include_defaults": False, **kwargs})
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", LocalTasksOnly)
+
+    from helpers import command_line_state_put_back, rules_put_back, write_user_rules
+    from localleap_jax.lm_eval import CACHE_OWNER, main, read_stats
+
+    rules, (task, include) = write_user_rules(tmp_path / "myrules.py"), local_task
+    argv = ["--model", "localleap", "--model_args",
+            f"checkpoint=embedded,rules={rules},strategy=steady,k=3,gen_length=16,block_length=16,"
+            f"compile_cache=false,progress=false,stats_path={tmp_path / 'stats.jsonl'}",
+            "--tasks", task, "--include_path", str(include), "--num_fewshot", "0", "--limit", "2",
+            "--use_cache", str(tmp_path / "cache")]
+    with rules_put_back(), command_line_state_put_back():
+        assert main(argv) == 0
+        with SqliteDict(str(tmp_path / "cache_rank0.db")) as db:
+            decode = db[CACHE_OWNER]["decode"]
+        assert decode["rule"] == "steady:k=3"
+        assert decode["rule_code"] == ll.rules.code_identity(ll.rule("steady"))["code"]
+        assert len(read_stats(tmp_path / "stats.jsonl")) == 2
+        write_user_rules(rules, edited=True)
+        capfd.readouterr()
+        assert main(argv) == 2  # the answers in the cache are the old code's: refused, never reported
+        lines = capfd.readouterr().err.strip().splitlines()
+        assert re.fullmatch(r"error: the response cache \S+ holds answers of another setup \(decode\.rule_code "
+                            r"differ\); use another --use_cache path", lines[-1]), lines[-3:]
+        assert len(read_stats(tmp_path / "stats.jsonl")) == 2  # nothing generated

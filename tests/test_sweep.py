@@ -343,3 +343,26 @@ def test_preset_schedules_fit_the_canvas():
          "low_confidence"]
     settings = dataclasses.replace(settings, gen_length=48, block_length=24)  # a block of 24 cannot take 16 per step
     assert sweep.preset_grid("low_confidence", "large", settings) == {"steps": [6, 12, 24, None]}
+
+
+def test_a_users_rule_sweeps_by_name_with_its_grid(tmp_path):
+    """Issue #22: --rules FILE; its rule by name in --strategies and --grid (a rule with no preset grid runs at its
+    defaults), each point's full spec and code digest in sweep.json."""
+    from helpers import rules_put_back, write_user_rules
+
+    rules, out = write_user_rules(tmp_path / "myrules.py"), tmp_path / "out"
+    with rules_put_back():
+        assert sweep.main(["--rules", str(rules), "--strategies", "steady,confident", "--grid", "steady:k=1;3",
+                           "--skip-figure4", "--limit", "2", "--batch-size", "2", "--gen-length", "16",
+                           "--block-length", "16", "--no-compile-cache", "--output", str(out)]) == 0
+        record = json.loads((out / "sweep.json").read_text())
+        assert list(record["points"]) == ["steady:k=1", "steady:k=3", "confident"]
+        assert record["pareto"]["steady"]["points"] == ["steady:k=1", "steady:k=3"]
+        for spec, point in record["points"].items():
+            name = spec.split(":")[0]
+            assert point["spec"] == spec and point["rule"] == name and point["n"] == 2
+            assert point["rule_defined_in"] == [f"{rules.resolve()}:{name.capitalize() if name == 'steady' else name}"]
+        assert record["points"]["steady:k=1"]["rule_code"] == record["points"]["steady:k=3"]["rule_code"]
+        assert record["points"]["steady:k=3"]["mean_nfe"] > record["points"]["steady:k=1"]["mean_nfe"]
+        assert [s["names"] for s in record["config"]["rule_sources"]] == [["steady", "confident"]]
+        assert {r["strategy"] for r in _samples(out)} == set(record["points"])

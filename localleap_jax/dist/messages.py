@@ -27,9 +27,10 @@ JSON_QUANTUM = 512  # JSON is padded to a multiple of this: fewer distinct broad
 @dataclasses.dataclass
 class Message:
     """What the leader asks of the followers. `meta` is JSON: load: path, dtype, mesh, verify;
-    generate: config, trace, key_impl; loglikelihood: likelihood (LikelihoodConfig), lengths (continuation
-    tokens per request: each row of `ids` is its context then its continuation), greedy, mesh; stop: nothing
-    (the status travels in the header)."""
+    generate: config, trace, key_impl, mesh, rules (the files or modules the rule's code comes from, with the
+    sha256 of their bytes: `rules.sources.sources_of`; a follower loads them first); loglikelihood: likelihood
+    (LikelihoodConfig), lengths (continuation tokens per request: each row of `ids` is its context then its
+    continuation), greedy, mesh; stop: nothing (the status travels in the header)."""
 
     kind: str
     meta: dict = dataclasses.field(default_factory=dict)

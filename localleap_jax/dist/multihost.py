@@ -51,6 +51,7 @@ from localleap_jax.tokenizer import left_pad
 from localleap_jax.partition import make_mesh, mesh_from_text
 from localleap_jax.processes import (LostProcessError, all_succeed, exit_lost, is_follower, is_multiprocess,
                                      process_index, signals_deferred)
+from localleap_jax.rules.sources import RulesError, ensure_sources, sources_of
 
 
 def load(path, dtype="bfloat16", verify: bool = True, mesh=None) -> checkpoint.Model:
@@ -123,7 +124,10 @@ class Leader:
         ids = np.asarray(ids)
         mask = np.ones(ids.shape, bool) if mask is None else np.asarray(mask)
         prepare_inputs(ids, mask, cfg, model.config, rng)  # raises what generate would, before anything is sent
-        meta = {"config": cfg.to_json(), "trace": bool(trace), "key_impl": None, "mesh": mesh_shape(mesh)}
+        # The rule files and modules the rule's code comes from (a user's --rules): each follower loads the same
+        # ones and checks their bytes are these, every process agreeing before the collective generation.
+        meta = {"config": cfg.to_json(), "trace": bool(trace), "key_impl": None, "mesh": mesh_shape(mesh),
+                "rules": sources_of(cfg.rule)}
         key = None
         if rng is not None:
             import jax
@@ -131,6 +135,8 @@ class Leader:
             key = np.asarray(jax.random.key_data(rng))
         with signals_deferred():
             self._send(Message("generate", meta, ids=ids, mask=mask, key=key))
+            if meta["rules"]:
+                all_succeed(lambda: None, RulesError, "loading the rule files")
             return self._collective(lambda: generate(model, ids, mask, cfg, rng, trace=trace, mesh=mesh))
 
     def loglikelihood(self, model, contexts, continuations, lcfg: LikelihoodConfig, *, mesh=None,
@@ -274,6 +280,12 @@ class Follower:
 
     def generate(self, msg: Message):
         self._check_ready(msg, "a generation")
+        if msg.meta.get("rules"):
+            try:  # the leader's rule files, with the leader's bytes; a failure here is one on every process
+                all_succeed(lambda: ensure_sources(msg.meta["rules"]), RulesError, "loading the rule files")
+            except RulesError as e:  # the leader raises too and sends stop
+                print(f"error: process {process_index()}: {e}", file=sys.stderr, flush=True)
+                return None
         rng = None
         if msg.key is not None:
             import jax

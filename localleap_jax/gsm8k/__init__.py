@@ -12,24 +12,26 @@ which the command lines print in one line (`command_line`); its messages name th
   data          read_gsm8k_jsonl, DataPlan, plan_data, local_task, Task, write_task
   outdir        check_output, OutputDir (OUT/.lock), holding, write_atomically
   progress      RunningAccuracy (the progress bar's), Progress (what a run that ends now keeps)
-  run           resume_key, evaluate_once, run_strategy, collect, summarize, config_record
-  command_line  OneLineParser and the flags' types, termination_as_interrupt, exit_status
+  run           resume_key, evaluate_once, run_strategy, collect, summarize, rule_record, config_record
+  command_line  OneLineParser and the flags' types, load_user_rules (--rules), termination_as_interrupt,
+                exit_status
 """
 
-from localleap_jax.gsm8k.command_line import (EXIT_ERROR, EXIT_INTERRUPTED, OneLineParser, count, exit_status,
-                                              positive, probability, seed, termination_as_interrupt, whole_number)
+from localleap_jax.gsm8k.command_line import (EXIT_ERROR, EXIT_INTERRUPTED, RULES_HELP, OneLineParser, count,
+                                              exit_status, load_user_rules, positive, probability, seed,
+                                              termination_as_interrupt, whole_number)
 from localleap_jax.gsm8k.data import DataPlan, Task, local_task, plan_data, read_gsm8k_jsonl, write_task
 from localleap_jax.gsm8k.errors import UserError
 from localleap_jax.gsm8k.loading import check_gen_length, find_checkpoint, load_model, read_model_config
 from localleap_jax.gsm8k.outdir import OutputDir, check_output, holding, write_atomically
 from localleap_jax.gsm8k.progress import Progress, RunningAccuracy
-from localleap_jax.gsm8k.run import (collect, config_record, evaluate_once, forget_answers, resume_key,
+from localleap_jax.gsm8k.run import (collect, config_record, evaluate_once, forget_answers, resume_key, rule_record,
                                      run_strategy, summarize, task_manager)
 from localleap_jax.gsm8k.settings import DEFAULTS, EvalSettings, default_strategies, model_defaults
 
 __all__ = ["DEFAULTS", "DataPlan", "EXIT_ERROR", "EXIT_INTERRUPTED", "EvalSettings", "OneLineParser", "OutputDir",
-           "Progress", "RunningAccuracy", "Task", "UserError", "check_gen_length", "check_output", "collect",
+           "Progress", "RULES_HELP", "RunningAccuracy", "Task", "UserError", "check_gen_length", "check_output", "collect",
            "config_record", "count", "evaluate_once", "exit_status", "find_checkpoint", "forget_answers", "holding",
-           "default_strategies", "load_model", "local_task", "read_model_config", "model_defaults", "plan_data", "positive", "probability", "read_gsm8k_jsonl",
-           "resume_key", "run_strategy", "seed", "summarize", "task_manager", "termination_as_interrupt",
+           "default_strategies", "load_model", "load_user_rules", "local_task", "read_model_config", "model_defaults", "plan_data", "positive", "probability", "read_gsm8k_jsonl",
+           "resume_key", "rule_record", "run_strategy", "seed", "summarize", "task_manager", "termination_as_interrupt",
            "whole_number", "write_atomically", "write_task"]

@@ -1,6 +1,6 @@
 """What the GSM8K command lines (experiments/eval_gsm8k.py, experiments/sweep.py) share in how they read
-flags and how they end: a mistake in one `error: ...` line (status 2), Ctrl-C or SIGTERM with what was
-kept (status 130)."""
+flags (their --rules included) and how they end: a mistake in one `error: ...` line (status 2), Ctrl-C or
+SIGTERM with what was kept (status 130)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ from contextlib import contextmanager
 
 from localleap_jax.gsm8k.errors import UserError
 from localleap_jax.gsm8k.progress import Progress
+from localleap_jax.rules.sources import RulesError, load_rules
+
+RULES_HELP = ("a Python file or module of your own rules (@ll.register(\"name\")), e.g. path/to/myrules.py or "
+              "mypkg.rules; repeatable or comma-separated. Its names then work in --strategies like the built-in ones")
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
@@ -57,6 +61,17 @@ def seed(text: str) -> int:
     if value >= 2**32:
         raise argparse.ArgumentTypeError(f"expected an integer below 2**32, got {value}")
     return value
+
+
+def load_user_rules(given: list[str] | None, flag: str = "--rules") -> list[str]:
+    """The rule names --rules' files and modules register (rules.sources.load_rules); a mistake is one UserError
+    line naming the flag. Nothing given: nothing loaded."""
+    if not given:
+        return []
+    try:
+        return load_rules(given)
+    except RulesError as e:
+        raise UserError(f"{flag} {e}") from None
 
 
 @contextmanager

@@ -18,6 +18,7 @@ from localleap_jax.gsm8k.errors import UserError
 from localleap_jax.gsm8k.progress import Progress, RunningAccuracy
 from localleap_jax.gsm8k.settings import EvalSettings
 from localleap_jax.lm_eval import USER_ERRORS, LocalLeapLM, PromptTooLongError, answers_key, key_digest, prompt_key
+from localleap_jax.rules.sources import code_identity, loaded_sources
 
 
 def resume_key(model, cfg, settings: EvalSettings, data_id: str) -> dict:
@@ -165,6 +166,13 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
+def rule_record(cfg) -> dict:
+    """What a summary records of the rule a strategy ran: its full spec (every setting, the shared flags folded
+    in), the digest of its code that its resume key holds, and where that code is."""
+    identity = code_identity(cfg.rule)
+    return {"spec": cfg.rule.spec(), "rule_code": identity["code"], "rule_defined_in": identity["defined_in"]}
+
+
 def config_record(settings: EvalSettings, cache: str, path: Path, model, plan: DataPlan, task: Task) -> dict:
     """The run's settings as its summary records them (`cache`: the --cache flag as given)."""
     return {"checkpoint": str(path), "dtype": str(model.dtype), "data": plan.description, "task": task.name,
@@ -173,7 +181,8 @@ def config_record(settings: EvalSettings, cache: str, path: Path, model, plan: D
             "block_length": settings.block_length, "steps": settings.steps, "kappa": settings.kappa,
             "tau": settings.tau, "radius": settings.radius, "cache": cache, "early_stop": settings.early_stop,
             "limit": settings.limit, "batch_size": settings.batch_size, "seed": settings.seed,
-            "mesh": settings.mesh_shape, "processes": _process_count()}
+            "mesh": settings.mesh_shape, "processes": _process_count(),
+            "rule_sources": [s.to_json() for s in loaded_sources()]}  # --rules files and modules, entry points
 
 
 def _process_count() -> int:

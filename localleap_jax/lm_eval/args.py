@@ -21,6 +21,7 @@ from localleap_jax.partition import parse_mesh
 from localleap_jax.rules import RULES
 from localleap_jax.rules.base import make_spec, settings_of
 from localleap_jax.rules.registry import parse_spec, parse_value
+from localleap_jax.rules.sources import RulesError, load_rules
 
 
 class ModelArgsError(ValueError):
@@ -137,6 +138,9 @@ ADAPTER_ARGS: dict[str, tuple[Callable, Any]] = {
     "progress": (_as_bool, True),
     "truncate_fewshot": (_as_bool, False),
     "fewshot_delimiter": (_as_str, "\n\n"),  # lm-eval's default separator between few-shot examples
+    # A user's rule files or modules, ';' between them (lm-eval splits model_args at commas), loaded before
+    # `strategy` is read: rules=path/to/myrules.py;mypkg.rules,strategy=steady
+    "rules": (_as_optional(_as_str), None),
     # Devices and processes: every process runs the same command; process 0 runs lm-eval, the others follow.
     "mesh": (_as_mesh, None),
     "coordinator": (_as_optional(_as_str), None),
@@ -190,6 +194,7 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
     Every unknown name and every badly typed value is reported in one ModelArgsError, so a command
     line is fixed in one go; nothing is loaded here, so the command line can check it first."""
     decode_fields = {f.name: f for f in dataclasses.fields(DecodeConfig)}
+    load_model_args_rules(given.get("rules"))
     try:
         rule_keys = _rule_settings(given.get("strategy", DecodeConfig.strategy)) - set(decode_fields)
     except DecodeError as e:
@@ -230,8 +235,22 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
         # the canvas once the model is loaded.
         cfg = with_shared_settings(**decode).validate(canvas="block_length" in decode)
     except DecodeError as e:
-        raise ModelArgsError(f"model_args: {e}") from None
+        unknown = str(e).startswith("unknown strategy")
+        hint = "; a rule of your own: model_args rules=path/to/myrules.py" if unknown else ""
+        raise ModelArgsError(f"model_args: {e}{hint}") from None
     return settings, cfg
+
+
+def load_model_args_rules(given) -> list[str]:
+    """model_args rules: load each file or module (rules.sources.load_rules); a mistake is one ModelArgsError."""
+    if given is None:
+        return []
+    if not isinstance(given, str):
+        raise ModelArgsError(f"model_args rules: expected path/to/rules.py or a module name, got {given!r}")
+    try:
+        return load_rules(given)
+    except RulesError as e:
+        raise ModelArgsError(f"model_args rules {e}") from None
 
 
 def likelihood_config(settings: dict[str, Any]) -> LikelihoodConfig:

@@ -17,6 +17,7 @@ import numpy as np
 from localleap_jax.checkpoint import Model, params_fingerprint
 from localleap_jax.decode import DecodeConfig
 from localleap_jax.hashing import sha256_files, sha256_json
+from localleap_jax.rules.sources import code_digest
 from localleap_jax.tokenizer import TOKENIZER_FILES
 
 ENCODING_FILES = tuple(f for f in TOKENIZER_FILES if f != "generation_config.json")  # what decides token ids
@@ -28,9 +29,10 @@ class CacheMismatchError(ValueError):
 
 
 def decode_settings(cfg: DecodeConfig) -> dict:
-    """What in the DecodeConfig changes tokens: its fields and the rule's every setting (not prompt_bucket:
-    left padding, which attention masks out)."""
-    return cfg.fingerprint()
+    """What in the DecodeConfig changes tokens: its fields, the rule's every setting (not prompt_bucket:
+    left padding, which attention masks out) and the rule's code (`rules.code_identity`: its class or function,
+    the module that defines it, the library's version), so an edited rule is generated again."""
+    return {**cfg.fingerprint(), "rule_code": code_digest(cfg.rule)}
 
 
 def rows_interact(cfg: DecodeConfig) -> bool:

@@ -13,6 +13,7 @@ per row inside the compiled loop. Rules by module:
   stateful     stable (this project's worked example); klass (KLASS)
   combinators  any_of, all_of
   revoking     wino, saber, remdm: rules that take commits back (Decision(commit, remask))
+  sources      rules from a user's file or module (load_rules, --rules), entry points, each rule's code_identity
 """
 
 from localleap_jax.rules.base import (Decision, DecodeError, Rule, RuleBase, Signals, first_clause, most_confident, per_row,
@@ -24,8 +25,9 @@ from localleap_jax.rules.uncertainty import EntropyBounded, Entropy, Margin  # n
 from localleap_jax.rules.stateful import Klass, Stable  # noqa: E402
 from localleap_jax.rules.combinators import AllOf, AnyOf, all_of, any_of  # noqa: E402
 from localleap_jax.rules.revoking import ReMDM, Saber, Wino  # noqa: E402
+from localleap_jax.rules.sources import RulesError, code_identity, load_rules  # noqa: E402
 
 __all__ = ["AllOf", "AnyOf", "Decision", "DecodeError", "Entropy", "EntropyBounded", "Factor", "FunctionRule", "Klass", "LocalLeap",
-           "Dynamic", "LowConfidence", "Margin", "RULES", "ReMDM", "Saber", "Wino", "Rule", "RuleBase", "Signals", "Stable", "Threshold", "all_of", "any_of",
-           "first_clause", "most_confident", "near_any", "parse_spec", "per_row", "rank_by", "register",
+           "Dynamic", "LowConfidence", "Margin", "RULES", "ReMDM", "RulesError", "Saber", "Wino", "Rule", "RuleBase", "Signals", "Stable", "Threshold", "all_of", "any_of",
+           "code_identity", "first_clause", "load_rules", "most_confident", "near_any", "parse_spec", "per_row", "rank_by", "register",
            "register_rule", "rule", "rule_from_json", "rule_to_json", "setting", "split_specs", "stateless", "top_k"]

@@ -12,16 +12,65 @@ from jaxtyping import Array
 
 from localleap_jax.rules.base import DecodeError, RuleBase, Signals, settings_of
 
-RULES: dict[str, Any] = {}  # name -> rule class (or a factory taking the settings as keywords)
+class Registry(dict):
+    """name -> rule class (or a factory taking the settings as keywords). A name not found is looked for in the
+    installed packages' entry points (group `localleap_jax.rules`, see `rules.sources`) before it is refused."""
+
+    def __contains__(self, name) -> bool:
+        return dict.__contains__(self, name) or (isinstance(name, str) and _from_entry_points(name))
+
+    def __missing__(self, name):
+        if isinstance(name, str) and _from_entry_points(name):
+            return dict.__getitem__(self, name)
+        raise KeyError(name)
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
+
+
+RULES: Registry = Registry()
+# name -> (module, qualname) of what registered it: the same object registered again (a file loaded again, a
+# notebook cell run again, importlib.reload) replaces its rule; another one under a taken name is refused.
+ORIGINS: dict[str, tuple[str, str]] = {}
+_LOGS: list[list[str]] = []  # names registered while a source runs (rules.sources listens here)
+
+
+# What a name not found is looked for with before it is refused: rules.sources.from_entry_points, set there (the
+# package imports it), so this module needs nothing of it.
+ON_MISS: list = []
+
+
+def _from_entry_points(name: str) -> bool:
+    return any(look(name) for look in ON_MISS)
+
+
+def origin_of(obj) -> tuple[str, str]:
+    return (getattr(obj, "__module__", None) or "?", getattr(obj, "__qualname__", None) or repr(obj))
+
+
+def _add(name: str, value, origin: tuple[str, str]) -> None:
+    if not isinstance(name, str) or not name or ":" in name or "," in name or "=" in name:
+        raise ValueError(f"rule name {name!r}: a name is a non-empty string without ':', ',' or '='")
+    if dict.__contains__(RULES, name) and ORIGINS.get(name) != origin:
+        module, qualname = ORIGINS.get(name, ("?", "?"))
+        raise ValueError(f"rule {name!r} is already registered (by {qualname} in {module}); choose another name")
+    dict.__setitem__(RULES, name, value)
+    ORIGINS[name] = origin
+    for log in _LOGS:
+        log.append(name)
+
+
+def unregister(name: str) -> None:
+    """Forget a registered name (rules.sources does, before it runs a changed file again)."""
+    dict.pop(RULES, name, None)
+    ORIGINS.pop(name, None)
 
 
 def register_rule(name: str):
     """Class decorator: make a rule dataclass reachable as `rule(name, **settings)`."""
     def add(cls):
-        if name in RULES:
-            raise ValueError(f"rule {name!r} is already registered")
+        _add(name, cls, origin_of(cls))
         cls.name = name
-        RULES[name] = cls
         return cls
     return add
 
@@ -111,9 +160,9 @@ def register(name: str):
     def add(obj):
         if inspect.isclass(obj):
             return register_rule(name)(obj)
-        if name in RULES:
-            raise ValueError(f"rule {name!r} is already registered")
-        RULES[name] = lambda **kw: dataclasses.replace(stateless(obj, name), **kw)
+        factory = lambda **kw: dataclasses.replace(stateless(obj, name), **kw)  # noqa: E731
+        factory.function = obj  # what the rule's code is (rules.sources.code_identity)
+        _add(name, factory, origin_of(obj))
         return obj
     return add
 
