@@ -32,19 +32,21 @@ def load(path, dtype="bfloat16", verify: bool = True, mesh=None) -> Model:
 
 
 def generate(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,
-             trace: bool = False, mesh=None, devices=None) -> Generation:
+             trace: bool = False, mesh=None, devices=None, slots: int | None = None) -> Generation:
     """Decode a batch of left-padded prompts (ids [B, Lp], mask [B, Lp]) with one compiled loop.
 
     `model`: an `ll.Model` (or anything with `config`, `denoiser` and `special`). `trace=True` also returns
     `out.trace` (localleap_jax.trace). `mesh` runs on a (data, model) mesh; `devices`, a list of local
-    devices, splits the batch over them (pmap). See `localleap_jax.decode.run.generate` for the costs."""
+    devices, splits the batch over them (pmap). `slots=S` (continuous batching): the loop holds S rows and a
+    finished row's slot takes the next prompt, so N > S prompts run in one program, outputs in prompt order
+    (`localleap_jax.decode.slots`). See `localleap_jax.decode.run.generate` for the costs."""
     if mesh is not None and devices is not None:
         raise DecodeError("pass mesh= or devices=, not both (a mesh already names its devices)")
     if mesh is not None:
-        return generate_sharded(model, ids, mask, cfg, mesh, rng=rng, trace=trace)
+        return generate_sharded(model, ids, mask, cfg, mesh, rng=rng, trace=trace, slots=slots)
     if devices is not None:
-        return generate_parallel(model, ids, mask, cfg, rng, devices=devices, trace=trace)
-    return generate_on_one_device(model, ids, mask, cfg, rng, trace=trace)
+        return generate_parallel(model, ids, mask, cfg, rng, devices=devices, trace=trace, slots=slots)
+    return generate_on_one_device(model, ids, mask, cfg, rng, trace=trace, slots=slots)
 
 
 def loglikelihood(model, contexts, continuations, lcfg: LikelihoodConfig = LikelihoodConfig(), *, mesh=None,

@@ -107,6 +107,15 @@ for strategy in ("low_confidence", "localleap"):
                                  shape=list(par.tokens.shape), reversed=bool((again.tokens == par.tokens[::-1]).all()),
                                  recompiled=again.compile_seconds > 0)
 
+# Continuous batching on a mesh and with pmap: ceil(3 / data) slots per data shard, the same tokens and NFE.
+cfg = ll.DecodeConfig(strategy="low_confidence", gen_length=16, block_length=8, kappa=0.5, tau=0.3)
+one = ll.generate(small, pids, pmask, cfg)
+res["slots"] = {}
+for label, kw in (("mesh 2x4", dict(mesh=make_mesh(2, 4))), ("pmap 2", dict(devices=jax.devices()[:2]))):
+    got = ll.generate(small, pids, pmask, cfg, slots=3, **kw)
+    res["slots"][label] = dict(tokens=bool((got.tokens == one.tokens).all()), nfe=bool((got.nfe == one.nfe).all()),
+                               slots=got.slots, more_passes=got.forward_passes > one.forward_passes)
+
 # A block-diffusion model (SDAR: per-row block grids, the exact block cache) on meshes: as one device.
 sdar = ll.load(sys.argv[3], dtype="float32")
 sids, smask = left_pad([[5, 17, 42, 9, 9], [120, 3, 3, 250, 11, 12, 13], [77], [8, 9, 10, 11, 12, 13, 14, 15, 16]],
@@ -182,6 +191,12 @@ def test_a_sharded_load_lands_in_the_shards_and_is_checked_there(eight_devices):
 def test_pmap_over_four_devices_equals_one_device(eight_devices):
     for strategy, got in eight_devices["pmap"].items():
         assert got == dict(tokens=True, nfe=True, shape=[5, got["shape"][1]], reversed=True, recompiled=False), strategy
+
+
+def test_slots_on_a_mesh_and_with_pmap_equal_one_device(eight_devices):
+    """5 prompts, 3 slots over 2 data shards (2 per shard, 3 prompts each): slots refilled, tokens as one device."""
+    for label, got in eight_devices["slots"].items():
+        assert got == dict(tokens=True, nfe=True, slots=4, more_passes=True), label
 
 
 @pytest.mark.slow

@@ -27,7 +27,8 @@ LAYERS = {
     "distribution": {"dist", "sharding", "parallel", "multihost"},
     "front door": {"api", ""},  # "": the package face, localleap_jax/__init__.py
     "adapters": {"lm_eval", "lm_eval_adapter", "gsm8k"},
-    "oracles": {"reference_torch", "reference_rules", "reference_sdar", "reference_likelihood", "reference_revoke"},  # independent references for tests and benchmarks only
+    "oracles": {"reference_torch", "reference_rules", "reference_sdar", "reference_likelihood", "reference_revoke",
+                "reference_fast_dllm"},  # independent references for tests and benchmarks only
 }
 LAYER_RANK = {layer: rank for rank, layer in enumerate(LAYERS)}
 RANK = {unit: LAYER_RANK[layer] for layer, units in LAYERS.items() for unit in units}

@@ -2,7 +2,7 @@
 
     state = policy.init(denoiser, canvas)
     refresh = policy.refreshes(done, step_in_block, block)   # this pass refreshes what the policy keeps
-    hidden = policy.forward(denoiser, canvas, x, block, state, refresh, want_region)
+    hidden = policy.forward(denoiser, canvas, x, block, state, refresh, want_region, done)
 
 `hidden.block` are the hidden states that predict each row's current block; `hidden.region` those that
 predict the whole generated region, when the caller wants them (a trace) and the pass computed them (else
@@ -10,7 +10,7 @@ None). A new mode is a new policy object here; the loop never branches on which 
 
   none    every pass runs the whole canvas
   prefix  Fast-dLLM's prefix cache: a full pass when a block starts stores every layer's K/V; later passes
-          run the generated region from the block on, reading the cached K/V before it
+          run the canvas from the block on (a window of static width per block), reading the cached K/V before it
   dual    Fast-dLLM's dual cache: as prefix, but later passes run only the block (the suffix is cached too)
   block   block diffusion's exact cache (SDAR): attention is block-causal, so the K/V of a finished block
           never change. The prompt's whole blocks are prefilled once; each pass runs only the current
@@ -58,12 +58,19 @@ class CachePolicy(Protocol):
                   ) -> Bool[Array, ""]: ...
 
     def forward(self, denoiser, canvas: Canvas, x: Int[Array, "B L"], block: Block, state: Any,
-                refresh: Bool[Array, ""], want_region: bool) -> Hidden: ...
+                refresh: Bool[Array, ""], want_region: bool, done: Bool[Array, "B"]) -> Hidden: ...
 
     def advances(self, done: Bool[Array, "B"], block_full: Bool[Array, "B"]
                  ) -> tuple[Bool[Array, "B"], Bool[Array, "B"]]:
         """(rows that move to their next block, rows whose block step count restarts) after this pass."""
         ...
+
+    # Continuous batching (decode/slots.py): whether the rows advance through blocks together (a finished row's
+    # slot then takes its next prompt only when the batch moves on), and what a slot taking a new prompt needs of
+    # the cache (`rows`: the slots that do; `canvas`: the rows' layout with their new prompts).
+    rows_together: bool
+
+    def refill(self, denoiser, canvas: Canvas, state: Any, rows: Bool[Array, "B"]) -> Any: ...
 
 
 def _from_full(h_all: Float[Array, "B L D"], canvas: Canvas, block: Block, want_region: bool):
@@ -78,9 +85,13 @@ class NoCache:
     """Every pass runs the whole canvas; rows advance through blocks on their own."""
 
     name: ClassVar[str] = "none"
+    rows_together: ClassVar[bool] = False
 
     def init(self, denoiser, canvas):
         return ()
+
+    def refill(self, denoiser, canvas, state, rows):
+        return state
 
     def advances(self, done, block_full):
         return block_full & ~done, block_full
@@ -88,7 +99,7 @@ class NoCache:
     def refreshes(self, done, step_in_block, block):
         return jnp.bool_(True)
 
-    def forward(self, denoiser, canvas, x, block, state, refresh, want_region):
+    def forward(self, denoiser, canvas, x, block, state, refresh, want_region, done):
         h_all, _ = denoiser.full(x, canvas.positions, canvas.key_mask)
         return Hidden(*_from_full(h_all, canvas, block, want_region), ())
 
@@ -99,9 +110,13 @@ class _RefreshedPerBlock:
 
     name: ClassVar[str]
     region_on_refresh: ClassVar[bool]  # the refresh pass reports the region (prefix) or not (dual)
+    rows_together: ClassVar[bool] = True
 
     def init(self, denoiser, canvas):
         return denoiser.empty_cache(canvas.batch, canvas.length)
+
+    def refill(self, denoiser, canvas, state, rows):
+        return state  # a slot takes its prompt when the batch moves: the next pass is the full refresh it needs
 
     def advances(self, done, block_full):
         # Together: only when every unfinished row has filled the shared block, so one refresh serves them.
@@ -111,20 +126,21 @@ class _RefreshedPerBlock:
     def refreshes(self, done, step_in_block, block):
         return jnp.any(~done & (step_in_block == 0))
 
-    def forward(self, denoiser, canvas, x, block, state, refresh, want_region):
+    def forward(self, denoiser, canvas, x, block, state, refresh, want_region, done):
         def full(_):  # its K/V become the cache for the whole block
             h_all, kv = denoiser.full(x, canvas.positions, canvas.key_mask)
             h_block, h_region = _from_full(h_all, canvas, block, want_region)
             return h_block, h_region if self.region_on_refresh else None, kv
 
         def cached(_):
-            h_block, h_region = self.cached_pass(denoiser, canvas, x, block, state, want_region)
+            h_block, h_region = self.cached_pass(denoiser, canvas, x, block, state, want_region, done)
             return h_block, h_region, state
 
         return Hidden(*jax.lax.cond(refresh, full, cached, None))
 
-    def cached_pass(self, denoiser, canvas, x, block, state, want_region):
-        """(hidden states predicting the block, those predicting the region or None) from the cache."""
+    def cached_pass(self, denoiser, canvas, x, block, state, want_region, done):
+        """(hidden states predicting the block, those predicting the region or None) from the cache; `done` rows'
+        states are never read."""
         raise NotImplementedError
 
 
@@ -135,16 +151,34 @@ class PrefixCache(_RefreshedPerBlock):
     name: ClassVar[str] = "prefix"
     region_on_refresh: ClassVar[bool] = True
 
-    def cached_pass(self, denoiser, canvas, x, block, state, want_region):
-        # The window is the whole generated region (static shape, plus the position before it with a
-        # shift); K/V of its positions before the block come from the cache, so those queries are
-        # computed and discarded (or, tracing, recorded).
-        P, G, shift = canvas.prompt_length, canvas.gen_length, canvas.shift
-        w0 = P - shift
-        write = CacheWrite(jnp.full((canvas.batch,), w0, jnp.int32),
-                           (w0 + jnp.arange(G + shift))[None, :] >= block.starts[:, None])
-        h = denoiser.window(x[:, w0:], canvas.positions[:, w0:], canvas.key_mask, state, write)
-        return rows_take(h, block.idx - P), h[:, :G] if want_region else None
+    # At most this many window widths (each a branch of the program, so a compiled copy of the trunk).
+    max_windows: ClassVar[int] = 8
+
+    def cached_pass(self, denoiser, canvas, x, block, state, want_region, done):
+        # Fast-dLLM runs x[:, block_start:] against the prefix's cached K/V: a pass costs the block and what
+        # follows it. Shapes must be static, so the window starts at one of a few block boundaries (a
+        # `lax.switch`, one branch per width): the latest at or before the earliest working row's block (rows of
+        # a batch share their block; slots may hold rows on earlier blocks). K/V of the window's positions before
+        # a row's block come from the cache, so those queries are computed and discarded. A trace wants the
+        # whole generated region: one window from the prompt's end.
+        P, G, T, shift = canvas.prompt_length, canvas.gen_length, canvas.block_length, canvas.shift
+        blocks = G // T
+        per_window = 1 if want_region else -(-blocks // self.max_windows)  # blocks between two window starts
+        starts = [P - shift + k * T for k in range(0, 1 if want_region else blocks, per_window)]
+
+        def window(w0: int):  # hidden states of canvas positions [w0, L)
+            def run(_):
+                write = CacheWrite(jnp.full((canvas.batch,), w0, jnp.int32),
+                                   (w0 + jnp.arange(canvas.length - w0))[None, :] >= block.starts[:, None])
+                h = denoiser.window(x[:, w0:], canvas.positions[:, w0:], canvas.key_mask, state, write)
+                # the states that predict the block (with a shift, each is one position before it)
+                return rows_take(h, block.idx - shift - w0), h[:, :G] if want_region else None
+            return run
+
+        if len(starts) == 1:
+            return window(starts[0])(None)
+        first = jnp.min(jnp.where(done, blocks - 1, (block.starts - P) // T))  # the earliest working row's block
+        return jax.lax.switch(jnp.clip(first // per_window, 0, len(starts) - 1), [window(w0) for w0 in starts], None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +188,7 @@ class DualCache(_RefreshedPerBlock):
     name: ClassVar[str] = "dual"
     region_on_refresh: ClassVar[bool] = False
 
-    def cached_pass(self, denoiser, canvas, x, block, state, want_region):
+    def cached_pass(self, denoiser, canvas, x, block, state, want_region, done):
         # Queries: the block, and with a shift the position before it, whose hidden state predicts the
         # block's first token (its own K/V stay the cache's).
         T, shift, B = canvas.block_length, canvas.shift, canvas.batch
@@ -178,6 +212,16 @@ class BlockCache:
     """
 
     name: ClassVar[str] = "block"
+    rows_together: ClassVar[bool] = False
+
+    def refill(self, denoiser, canvas, state, rows):
+        # The new prompts' whole blocks, prefilled as `init` does, into the slots that take them only.
+        def prefill(cache):
+            B, P = canvas.batch, canvas.prompt_length
+            write = CacheWrite(jnp.zeros((B,), jnp.int32), jnp.broadcast_to(rows[:, None], (B, P)))
+            return denoiser.window_stored(canvas.x0[:, :P], canvas.positions[:, :P], canvas.key_mask, cache,
+                                          write)[1]
+        return jax.lax.cond(jnp.any(rows), prefill, lambda cache: cache, state)
 
     def init(self, denoiser, canvas):
         # Prefill: the prompt region [0, P) once. Its whole blocks see only themselves and earlier blocks, so
@@ -194,7 +238,7 @@ class BlockCache:
     def refreshes(self, done, step_in_block, block):
         return jnp.any(~done & (step_in_block == 0) & (block > 0))
 
-    def forward(self, denoiser, canvas, x, block, state, refresh, want_region):
+    def forward(self, denoiser, canvas, x, block, state, refresh, want_region, done):
         T, B = canvas.block_length, canvas.batch
 
         def run(width):  # the window: the `width` blocks ending with the current one (static shape)
@@ -219,7 +263,7 @@ class ProbedNoCache(NoCache):
 
     name: ClassVar[str] = "none+probe"
 
-    def forward(self, denoiser, canvas, x, block, state, refresh, want_region):
+    def forward(self, denoiser, canvas, x, block, state, refresh, want_region, done):
         h_all, held_out = denoiser.probe(x, canvas.positions, canvas.key_mask, block.idx, canvas.mask_id)
         h_block, h_region = _from_full(h_all, canvas, block, want_region)
         return Hidden(h_block, h_region, (), held_out)

@@ -65,68 +65,99 @@ class LoopOutput(NamedTuple):
     remasks: Any = ()
 
 
+class Pass(NamedTuple):
+    """The per-batch pieces one pass reads besides the state: what the prompts are and how they are decoded."""
+
+    canvas: Canvas  # the rows' layout (a fixed batch: built once; slots: the prompts the slots hold now)
+    rule: Any  # the rule with one value per row in every setting
+    rule_state0: Any  # a fresh rule state for every row (a row entering a block restarts from it)
+
+
+def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | None, *, loop: LoopSettings,
+             special: SpecialIds) -> tuple[LoopState, Bool[Array, "B"]]:
+    """One forward pass of the batch and the bookkeeping after it: (the next state, rows whose block count
+    the batch moved on: [B] for rows that
+    advance on their own, one value for a cache whose rows advance together; a finished row's slot may take
+    its next prompt then)."""
+    canvas, rule = at.canvas, at.rule
+    B = state.x.shape[0]
+    G, T = loop.gen_length, loop.block_length
+    region_kind = getattr(rule, "region", "block")  # static: what the rule sees and changes
+    block = canvas.block(state.x, state.block)
+    region = canvas.region(state.x, block, region_kind)
+    refresh = loop.cache.refreshes(state.done, state.step_in_block, state.block)
+    hidden = loop.cache.forward(denoiser, canvas, state.x, block, state.cache, refresh,
+                                loop.recorder.wants_region or region_kind == "generated", state.done)
+    key = None if rng is None else jax.random.fold_in(rng, state.passes)
+    step = denoise_step(denoiser.head, hidden.block if region.valid is None else hidden.region, region.tokens,
+                        state.done, state.step_in_block, rule, state.rule_state, scoring=loop.scoring,
+                        special=special, key=key, gen_length=G, block_length=T, num_blocks=canvas.row_blocks,
+                        valid=region.valid, held_out=hidden.held_out)
+    x = state.x.at[jnp.arange(B)[:, None], region.idx].set(step.tokens)
+
+    if region.valid is None:  # the block is the region
+        block_full = ~jnp.any(step.tokens == special.mask, axis=1)
+        block_now = block._replace(tokens=step.tokens)
+    else:  # the block ends when nothing up to its end is masked
+        block_full = ~jnp.any((step.tokens == special.mask) & region.valid, axis=1)
+        block_now = block._replace(tokens=rows_take(x, block.idx))
+    last_block = state.block == canvas.row_blocks - 1
+    stop_here, x = loop.stop.update(x, block_now, block_full, last_block, special)
+    done = state.done | (~state.done & block_full & (last_block | stop_here))
+    advance, moved = loop.cache.advances(done, block_full)
+    # A row entering a new block starts afresh. (A row with no candidates is done, or waits with a full
+    # block for the batch to advance, which resets it: what its update did meanwhile is never read.)
+    rule_state = (rows_where(advance, at.rule_state0, step.rule_state) if getattr(rule, "resets_state", True)
+                  else step.rule_state)  # (a rule whose state spans blocks, as Saber's threshold history)
+    record = loop.recorder.update(state.record, denoiser.head, hidden.region, region, step, state.nfe,
+                                  canvas.prompt_length, loop.scoring, special)
+    return LoopState(
+        x=x,
+        block=jnp.where(advance, state.block + 1, state.block),
+        step_in_block=jnp.where(moved | done, 0, state.step_in_block + step.working.astype(jnp.int32)),
+        done=done,
+        nfe=state.nfe + step.working.astype(jnp.int32),
+        passes=state.passes + 1,
+        full_passes=state.full_passes + refresh.astype(jnp.int32),
+        cache=hidden.cache,
+        rule_state=rule_state,
+        record=record,
+        remasks=() if step.remask is None else state.remasks + jnp.sum(step.remask > 0, axis=1, dtype=jnp.int32),
+    ), moved
+
+
+def initial_state(denoiser: Denoiser, canvas: Canvas, rule, *, loop: LoopSettings) -> tuple[LoopState, Pass]:
+    """The state before the first pass, and the pass's fixed pieces, for the rows of `canvas`."""
+    B = canvas.batch
+    region_kind = getattr(rule, "region", "block")
+    rule_state0 = rule.init(B, loop.gen_length if region_kind == "generated" else loop.block_length, denoiser.vocab)
+    zeros = jnp.zeros((B,), jnp.int32)
+    state = LoopState(canvas.x0, zeros, zeros, jnp.zeros((B,), bool), zeros, jnp.int32(0), jnp.int32(0),
+                      loop.cache.init(denoiser, canvas), rule_state0,
+                      loop.recorder.init(B, loop.gen_length, loop.max_passes or loop.gen_length),
+                      zeros if getattr(rule, "remask_names", ()) else ())
+    return state, Pass(canvas, rule, rule_state0)
+
+
+def row_bound(loop: LoopSettings, canvas: Canvas) -> int:
+    """Passes a row may work: `max_passes`, or as many as it has positions (a rule that only commits commits at
+    least one token per working pass, so that always suffices; one that takes commits back runs to the bound)."""
+    return loop.max_passes or canvas.length - canvas.prompt_length
+
+
 def decode_loop(denoiser: Denoiser, ids: Int[Array, "B P"], mask: Bool[Array, "B P"], rng: jax.Array | None, rule,
                 *, loop: LoopSettings, special: SpecialIds) -> LoopOutput:
     """The whole generation for one batch. `rule` has one value per row in every setting (`with_rows`)."""
-    B = ids.shape[0]
-    G, T = loop.gen_length, loop.block_length
-    canvas = Canvas.build(ids, mask, gen_length=G, block_length=T, mask_id=special.mask, shift=denoiser.shift,
-                          grid=loop.block_grid)
-    region_kind = getattr(rule, "region", "block")  # static: what the rule sees and changes
-    rule_state0 = rule.init(B, G if region_kind == "generated" else T, denoiser.vocab)
-    bound = loop.max_passes or canvas.length - canvas.prompt_length
+    canvas = Canvas.build(ids, mask, gen_length=loop.gen_length, block_length=loop.block_length,
+                          mask_id=special.mask, shift=denoiser.shift, grid=loop.block_grid)
+    state, at = initial_state(denoiser, canvas, rule, loop=loop)
+    bound = row_bound(loop, canvas)  # every row works in every pass until it is done: a bound on passes
 
     def body(state: LoopState) -> LoopState:
-        block = canvas.block(state.x, state.block)
-        region = canvas.region(state.x, block, region_kind)
-        refresh = loop.cache.refreshes(state.done, state.step_in_block, state.block)
-        hidden = loop.cache.forward(denoiser, canvas, state.x, block, state.cache, refresh,
-                                    loop.recorder.wants_region or region_kind == "generated")
-        key = None if rng is None else jax.random.fold_in(rng, state.passes)
-        step = denoise_step(denoiser.head, hidden.block if region.valid is None else hidden.region, region.tokens,
-                            state.done, state.step_in_block, rule, state.rule_state, scoring=loop.scoring,
-                            special=special, key=key, gen_length=G, block_length=T, num_blocks=canvas.row_blocks,
-                            valid=region.valid, held_out=hidden.held_out)
-        x = state.x.at[jnp.arange(B)[:, None], region.idx].set(step.tokens)
-
-        if region.valid is None:  # the block is the region
-            block_full = ~jnp.any(step.tokens == special.mask, axis=1)
-            block_now = block._replace(tokens=step.tokens)
-        else:  # the block ends when nothing up to its end is masked
-            block_full = ~jnp.any((step.tokens == special.mask) & region.valid, axis=1)
-            block_now = block._replace(tokens=rows_take(x, block.idx))
-        last_block = state.block == canvas.row_blocks - 1
-        stop_here, x = loop.stop.update(x, block_now, block_full, last_block, special)
-        done = state.done | (~state.done & block_full & (last_block | stop_here))
-        advance, moved = loop.cache.advances(done, block_full)
-        # A row entering a new block starts afresh. (A row with no candidates is done, or waits with a full
-        # block for the batch to advance, which resets it: what its update did meanwhile is never read.)
-        rule_state = (rows_where(advance, rule_state0, step.rule_state) if getattr(rule, "resets_state", True)
-                      else step.rule_state)  # (a rule whose state spans blocks, as Saber's threshold history)
-        record = loop.recorder.update(state.record, denoiser.head, hidden.region, region, step, state.nfe,
-                                      canvas.prompt_length, loop.scoring, special)
-        return LoopState(
-            x=x,
-            block=jnp.where(advance, state.block + 1, state.block),
-            step_in_block=jnp.where(moved | done, 0, state.step_in_block + step.working.astype(jnp.int32)),
-            done=done,
-            nfe=state.nfe + step.working.astype(jnp.int32),
-            passes=state.passes + 1,
-            full_passes=state.full_passes + refresh.astype(jnp.int32),
-            cache=hidden.cache,
-            rule_state=rule_state,
-            record=record,
-            remasks=() if step.remask is None else state.remasks + jnp.sum(step.remask > 0, axis=1, dtype=jnp.int32),
-        )
+        return one_pass(denoiser, state, at, rng, loop=loop, special=special)[0]
 
     def cond(state: LoopState):
-        # A rule that only commits commits at least one token per working pass, so as many passes as positions
-        # always suffice; one that takes commits back runs until `max_passes` (rows left then hit the bound).
         return ~jnp.all(state.done) & (state.passes < bound)
 
-    zeros = jnp.zeros((B,), jnp.int32)
-    state = LoopState(canvas.x0, zeros, zeros, jnp.zeros((B,), bool), zeros, jnp.int32(0), jnp.int32(0),
-                      loop.cache.init(denoiser, canvas), rule_state0, loop.recorder.init(B, G, loop.max_passes or G),
-                      zeros if getattr(rule, "remask_names", ()) else ())
     state = jax.lax.while_loop(cond, body, state)
     return LoopOutput(state.x, state.nfe, state.passes, state.full_passes, state.record, state.remasks)

@@ -25,6 +25,7 @@ from localleap_jax.config import ModelConfig
 from localleap_jax.decode.canvas import grid_tail
 from localleap_jax.decode.config import DecodeConfig, check_grid_steps, check_room
 from localleap_jax.decode.loop import LoopOutput, decode_loop
+from localleap_jax.decode.slots import decode_slots
 from localleap_jax.rules import DecodeError
 from localleap_jax.trace import Trace
 
@@ -41,6 +42,14 @@ class Generation:
     trace: Trace | None = None  # with generate(..., trace=True)
     hit_bound: np.ndarray | None = None  # [B] bool: rows stopped by max_passes with masks left (a rule that revokes)
     remasks: np.ndarray | None = None  # [B] tokens each row took back (a rule that revokes; None for one that does not)
+    slots: int | None = None  # rows the loop held at once (all the batch's, unless generate(..., slots=S))
+
+    @property
+    def occupancy(self) -> float:
+        """Share of the loop's row-passes that did work: sum of NFE / (forward passes x rows held). With
+        several data shards, forward passes are the longest shard's, so this is a lower bound."""
+        held = self.slots or len(self.nfe)
+        return float(np.sum(self.nfe)) / max(self.forward_passes * held, 1)
 
 
 def prepare_inputs(ids, mask, cfg: DecodeConfig, config: ModelConfig, rng) -> tuple[np.ndarray, np.ndarray, int]:
@@ -130,25 +139,42 @@ def pad_rows(a, rows: int) -> np.ndarray:
     return np.concatenate([a, np.repeat(a[:1], rows - a.shape[0], axis=0)]) if rows > a.shape[0] else a
 
 
+def check_slots(slots) -> int | None:
+    if slots is None:
+        return None
+    if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots < 1:
+        raise DecodeError(f"slots={slots!r} must be a positive whole number (rows the loop holds at once), or None "
+                          "(all prompts in one fixed batch)")
+    return int(slots)
+
+
 def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,
-        placement: Placement = OneDevice(), trace: bool = False) -> Generation:
-    """Decode a batch of left-padded prompts (ids [B, Lp], mask [B, Lp]) with one compiled loop on `placement`."""
+        placement: Placement = OneDevice(), trace: bool = False, slots: int | None = None) -> Generation:
+    """Decode left-padded prompts (ids [B, Lp], mask [B, Lp]) with one compiled loop on `placement`: all B rows at
+    once, or, with `slots=S < B`, S rows at a time, each finished row's slot taking the next prompt inside the
+    loop (decode/slots.py; on several data shards, ceil(S / shards) slots per shard). Outputs are in prompt
+    order either way, and a prompt's tokens do not depend on which."""
     missing = [a for a in ("config", "denoiser", "special") if not hasattr(model, a)]
     if missing:
         raise DecodeError(f"generate takes a model with config, denoiser and special (an ll.Model from ll.load); "
                           f"{type(model).__name__} has no {', '.join(missing)}")
+    slots = check_slots(slots)
     ids_b, mask_b, pad = prepare_inputs(ids, mask, cfg, model.config, rng)
     B, P = ids_b.shape
     rule = cfg.rule
     rows = placement.rows(B)
+    shards = placement.rows(1)  # rows are padded to a multiple of the data shards
+    per_shard = None if slots is None or -(-slots // shards) >= rows // shards else -(-slots // shards)
     rule_rows = jax.tree.map(lambda a: pad_rows(a, rows), rule.with_rows(B))
     loop = cfg.loop_settings(trace, model.config)
     special = model.special
     key = rng if cfg.temperature > 0 else None  # greedy decoding draws nothing: no key, one program
     denoiser, inputs = placement.place(model.denoiser, pad_rows(ids_b, rows), pad_rows(mask_b, rows), key, rule_rows)
-    loop_fn = functools.partial(decode_loop, loop=loop, special=special)
-    program_key: Hashable = (placement, loop, special, signature(denoiser), signature(inputs))
-    compiled, compile_s = compile_once(placement.kind, program_key, lambda: placement.lower(loop_fn, denoiser, inputs),
+    loop_fn = (functools.partial(decode_loop, loop=loop, special=special) if per_shard is None else
+               functools.partial(decode_slots, loop=loop, special=special, slots=per_shard))
+    program_key: Hashable = (placement, loop, special, per_shard, signature(denoiser), signature(inputs))
+    kind = placement.kind if per_shard is None else f"{placement.kind}/slots"
+    compiled, compile_s = compile_once(kind, program_key, lambda: placement.lower(loop_fn, denoiser, inputs),
                                        shapes=tuple(np.shape(a) for a in jax.tree.leaves(inputs)))
     t0 = time.perf_counter()
     out = placement.fetch(compiled(denoiser, *inputs), B)  # waits for the device
@@ -160,16 +186,17 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
                       prompt_length=P - pad, seconds=seconds, compile_seconds=compile_s,
                       trace=loop.recorder.to_host(out.record, out.x, out.nfe, P, rule.clause_names,
                                                   getattr(rule, "remask_names", ())),
-                      hit_bound=hit_bound, remasks=None if isinstance(out.remasks, tuple) else out.remasks)
+                      hit_bound=hit_bound, remasks=None if isinstance(out.remasks, tuple) else out.remasks,
+                      slots=rows if per_shard is None else per_shard * shards)
 
 
 def generate(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,
-             trace: bool = False) -> Generation:
+             trace: bool = False, slots: int | None = None) -> Generation:
     """Decode a batch of left-padded prompts on one device (see `run`; `ll.generate` also takes a mesh).
 
     `trace=True` also returns `out.trace` (see localleap_jax.trace): per row and pass, the prediction
     and confidence at every generated position and what committed by which clause. It costs, per row,
     S x G x (4 + 4 + 1) bytes plus the LM head over the generated region at every pass: at LLaDA-8B's
     gen_length 256, 0.6 MB per row, and 256 x 126464 fp32 logits (129 MB) per row and pass in flight.
-    With tracing off the program carries none of it."""
-    return run(model, ids, mask, cfg, rng, trace=trace)
+    With tracing off the program carries none of it. `slots`: see `run`."""
+    return run(model, ids, mask, cfg, rng, trace=trace, slots=slots)

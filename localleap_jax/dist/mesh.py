@@ -142,12 +142,12 @@ class LikelihoodOnMesh(_OnDataModelMesh):
 
 
 def generate_sharded(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), mesh: Mesh | None = None, *,
-                     rng: jax.Array | None = None, trace: bool = False) -> Generation:
+                     rng: jax.Array | None = None, trace: bool = False, slots: int | None = None) -> Generation:
     """`generate` on a (data, model) mesh: one decode loop per data shard, weights split over "model"."""
     if mesh is None:
         raise DecodeError("generate_sharded needs a mesh with axes ('data', 'model'): "
                           "localleap_jax.partition.make_mesh(data=..., model=...)")
-    return run(model, ids, mask, cfg, rng, placement=DataModelMesh(mesh), trace=trace)
+    return run(model, ids, mask, cfg, rng, placement=DataModelMesh(mesh), trace=trace, slots=slots)
 
 
 __all__ = ["DataModelMesh", "LikelihoodOnMesh", "addressable_bytes", "generate_sharded", "on_mesh", "shard_params"]

@@ -57,9 +57,9 @@ class Replicated:
 
 
 def generate_parallel(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None,
-                      devices=None, *, trace: bool = False) -> Generation:
+                      devices=None, *, trace: bool = False, slots: int | None = None) -> Generation:
     """`generate`, with the batch split across `devices` (default: all local devices)."""
     devices = tuple(devices or jax.local_devices())
     if len(devices) == 1:
-        return run(model, ids, mask, cfg, rng, trace=trace)
-    return run(model, ids, mask, cfg, rng, placement=Replicated(devices), trace=trace)
+        return run(model, ids, mask, cfg, rng, trace=trace, slots=slots)
+    return run(model, ids, mask, cfg, rng, placement=Replicated(devices), trace=trace, slots=slots)

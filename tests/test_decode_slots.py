@@ -1,0 +1,172 @@
+"""Continuous batching (localleap_jax.decode.slots): N prompts through S < N slots in one compiled loop.
+
+Every prompt's tokens, NFE (and remasks, trace) equal the prompt decoded alone, for rules of every kind (the
+schedule's, thresholds, stateful, rules that revoke, whole-canvas ones) and every cache mode; the slots really
+refill mid-run (fewer passes than the prompts' passes one after another); with Fast-dLLM's caches a slot refills
+only when the batch moves to its next block; bad `slots=` ends in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import localleap_jax as ll
+from localleap_jax.checkpoint import EMBEDDED
+from localleap_jax.compile_cache import compiled_programs
+from localleap_jax.synthetic_math import take
+
+N, S = 7, 3
+
+
+@pytest.fixture(scope="module")
+def model():
+    return ll.load(EMBEDDED, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def prompts(model):
+    """7 test questions of different lengths, left-padded together (one prompt bucket)."""
+    questions = [f"Question: {p['question']}\nAnswer:" for p in take("test", N, seed=5)]
+    ids, mask = model.tokenizer.encode_batch(questions)
+    assert len(set(mask.sum(axis=1).tolist())) > 2  # lengths differ: left padding is exercised
+    return ids, mask
+
+
+def alone(model, ids, mask, cfg, **kw):
+    """Each prompt decoded by itself: (generated tokens [N, G], nfe [N], remasks [N] or None, passes [N])."""
+    outs = [ll.generate(model, ids[i:i + 1, ~(~mask[i:i + 1]).all(0)], None, cfg, **kw) for i in range(len(ids))]
+    gen = np.stack([o.tokens[0, o.prompt_length:] for o in outs])
+    remasks = None if outs[0].remasks is None else np.array([int(o.remasks[0]) for o in outs])
+    return gen, np.array([int(o.nfe[0]) for o in outs]), remasks, np.array([o.forward_passes for o in outs]), outs
+
+
+CASES = [  # (rule, cache, gen_length, block_length)
+    ("low_confidence", "none", 32, 8),  # one token a pass: rows that stop early use fewer passes
+    ("localleap", "none", 48, 16),
+    ("klass", "none", 48, 16),  # a rule with state (its history of predictions)
+    ("threshold", "prefix", 48, 16),
+    ("localleap", "dual", 48, 16),
+    ("wino", "none", 32, 16),  # takes commits back; a probe copy of the block in the same pass
+    ("saber", "none", 32, 8),  # sees the whole generated region; its state spans blocks
+    ("remdm", "none", 16, 16),  # the whole canvas as one block, runs to its pass bound
+]
+
+
+@pytest.mark.parametrize("rule, cache, gen_length, block_length", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_every_prompt_equals_itself_decoded_alone(model, prompts, rule, cache, gen_length, block_length):
+    ids, mask = prompts
+    cfg = ll.DecodeConfig(strategy=rule, gen_length=gen_length, block_length=block_length, cache=cache,
+                          early_stop=rule not in ("remdm",))
+    out = ll.generate(model, ids, mask, cfg, slots=S)
+    gen, nfe, remasks, passes, _ = alone(model, ids, mask, cfg)
+    assert out.tokens.shape == (N, ids.shape[1] + gen_length) and out.slots == S
+    np.testing.assert_array_equal(out.tokens[:, :ids.shape[1]], ids)  # prompts in prompt order
+    np.testing.assert_array_equal(out.tokens[:, out.prompt_length:], gen)
+    np.testing.assert_array_equal(out.nfe, nfe)
+    if remasks is not None:
+        np.testing.assert_array_equal(out.remasks, remasks)
+    # The case happened: slots refilled while other rows still worked (fewer passes than one prompt after
+    # another); with one token a pass and early stop, rows finished at different passes.
+    assert out.forward_passes < passes.sum()
+    if rule == "low_confidence":
+        assert len(set(nfe.tolist())) > 1
+    assert any(p.kind == "decode/one-device/slots" for p in compiled_programs())
+
+
+def test_the_block_cache_of_a_block_diffusion_model_is_prefilled_for_each_new_prompt():
+    """SDAR's exact cache: a slot taking a prompt prefills its whole blocks; rows advance on their own."""
+    model = ll.load(ll.checkpoint.EMBEDDED.parent / "tiny-math-sdar", dtype="float32")
+    questions = [f"Question: {p['question']}\nAnswer:" for p in take("test", 5, seed=6)]
+    ids, mask = model.tokenizer.encode_batch(questions)
+    T = model.config.block_size
+    cfg = ll.DecodeConfig(strategy="localleap", gen_length=32, block_length=T, early_stop=True)
+    assert cfg.cache_mode(model.config) == "block"
+    out = ll.generate(model, ids, mask, cfg, slots=2)
+    gen, nfe, _, passes, _ = alone(model, ids, mask, cfg)
+    np.testing.assert_array_equal(out.tokens[:, out.prompt_length:], gen)
+    np.testing.assert_array_equal(out.nfe, nfe)
+    assert out.forward_passes < passes.sum()
+
+
+def test_the_trace_of_each_prompt_is_its_trace_alone(model, prompts):
+    ids, mask = prompts
+    cfg = ll.DecodeConfig(strategy="localleap", gen_length=32, block_length=16, early_stop=True)
+    out = ll.generate(model, ids, mask, cfg, slots=S, trace=True)
+    *_, outs = alone(model, ids, mask, cfg, trace=True)
+    for i, o in enumerate(outs):
+        for field in ("pred", "clause", "commit_pass", "passes", "token"):
+            np.testing.assert_array_equal(getattr(out.trace, field)[i], getattr(o.trace, field)[0], err_msg=field)
+        # (fp32 sums over a batch of 3 rows vs 1: measured at most 9.2e-7 apart)
+        np.testing.assert_allclose(out.trace.conf[i], o.trace.conf[0], rtol=0, atol=2e-6)
+
+
+def block_steps(trace, block_length: int) -> list[int]:
+    """A row's passes in each block it decoded, from its trace alone: block k ends at the last commit inside it."""
+    last = [int(c.max()) for c in trace.commit_pass[0].reshape(-1, block_length)]
+    ends = [e for e in last if e >= 0]  # blocks after an early stop commit nothing
+    return [e - b for e, b in zip(ends, [-1] + ends[:-1])]
+
+
+def schedule(steps: list[list[int]], slots: int, together: bool) -> tuple[int, int]:
+    """(passes, full passes) of S slots taking the prompts in order, from each prompt's passes per block.
+    Apart: a slot takes its next prompt on the pass after its row's last. Together: the batch works a block for
+    as long as its slowest row needs; then every row moves on (one full refresh), and finished rows' slots take
+    the next prompts."""
+    queue = list(range(len(steps)))
+    if not together:
+        free_at = [0] * slots
+        for p in queue:
+            k = min(range(slots), key=lambda s: (free_at[s], s))
+            free_at[k] += sum(steps[p])
+        return max(free_at), max(free_at)
+    held = [[queue.pop(0), 0] if queue else None for _ in range(slots)]
+    passes = full = 0
+    while any(held):
+        passes += max(steps[p][b] for p, b in filter(None, held))
+        full += 1
+        for s, h in enumerate(held):
+            if h is not None:
+                h[1] += 1
+                if h[1] == len(steps[h[0]]):
+                    held[s] = [queue.pop(0), 0] if queue else None
+    return passes, full
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+def test_slots_refill_when_their_cache_allows_and_not_before(model, prompts, cache):
+    """The run's passes equal a schedule built from each prompt's passes per block alone: without a cache a slot
+    takes its next prompt on the pass after its row's last; with Fast-dLLM's caches (rows advance together) when
+    the batch moves to its next block, so every full refresh is one block move (a refill mid-block would add
+    refreshes and passes)."""
+    ids, mask = prompts
+    T = 16
+    # (a high threshold: rows need different numbers of passes in the same block, so some finish mid-block)
+    cfg = ll.DecodeConfig(strategy="threshold:kappa=0.999", gen_length=48, block_length=T, cache=cache,
+                          early_stop=True)
+    out = ll.generate(model, ids, mask, cfg, slots=S)
+    *_, outs = alone(model, ids, mask, cfg, trace=True)
+    steps = [block_steps(o.trace, T) for o in outs]
+    assert [sum(s) for s in steps] == out.nfe.tolist()
+    assert len({len(s) for s in steps}) > 1  # early stop: prompts decode different numbers of blocks
+    assert len({s[-1] for s in steps}) > 1  # rows' last blocks take different numbers of passes
+    passes, full = schedule(steps, S, together=cache != "none")
+    assert out.forward_passes == passes
+    if cache != "none":
+        assert out.full_passes == full
+
+
+def test_slots_at_least_the_batch_run_the_fixed_program(model, prompts):
+    ids, mask = prompts
+    cfg = ll.DecodeConfig(strategy="threshold", gen_length=32, block_length=16)
+    a, b = ll.generate(model, ids, mask, cfg, slots=N), ll.generate(model, ids, mask, cfg)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert a.forward_passes == b.forward_passes and a.slots == N and b.slots == N
+    assert 0 < b.occupancy <= 1
+
+
+@pytest.mark.parametrize("slots", [0, -2, 2.5, "4", True])
+def test_bad_slots_end_in_one_line(model, prompts, slots):
+    ids, mask = prompts
+    with pytest.raises(ll.DecodeError, match=r"^slots=.* must be a positive whole number") as info:
+        ll.generate(model, ids, mask, ll.DecodeConfig(gen_length=32, block_length=16), slots=slots)
+    assert "\n" not in str(info.value)
