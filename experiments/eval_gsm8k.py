@@ -73,7 +73,11 @@ def parse_args(argv=None):
                          "--rules registers)"),
     ap.add_argument("--rules", action="append", metavar="FILE.py|MODULE", help=RULES_HELP)
     ap.add_argument("--limit", type=positive, help="evaluate only the first N problems")
-    ap.add_argument("--batch-size", type=positive, default=32)
+    ap.add_argument("--batch-size", type=positive, default=32, help="rows decoded at once (default 32)")
+    ap.add_argument("--slots", type=positive, help="continuous batching: rows the loop holds (default: --batch-size); "
+                                                   "a finished row's slot takes the next prompt inside the loop")
+    ap.add_argument("--queue", type=positive, help="prompts per compiled call through the slots (default 4 x "
+                                                   "--slots; equal to --slots: fixed batches, as before slots)")
     ap.add_argument("--gen-length", type=positive, help="generation canvas (default 256; the embedded model's own: 64)")
     ap.add_argument("--block-length", type=positive, help="block size (default 32; embedded model: 16; a "
                                                             "block-diffusion model: its own block_size)")
@@ -179,7 +183,7 @@ def run(args, mesh, progress: Progress) -> int:
     args.strategies = args.strategies or split_specs(default_strategies(config))
     settings = EvalSettings.for_model(
         manifest, model=config, gen_length=args.gen_length, block_length=args.block_length, num_fewshot=args.num_fewshot,
-        batch_size=args.batch_size, limit=args.limit, seed=args.seed, truncate_fewshot=args.truncate_fewshot,
+        batch_size=args.batch_size, slots=args.slots, queue=args.queue, limit=args.limit, seed=args.seed, truncate_fewshot=args.truncate_fewshot,
         early_stop=args.early_stop, cache=args.caches[0], steps=args.steps, kappa=args.kappa, tau=args.tau,
         radius=args.radius, compile_cache=not args.no_compile_cache, mesh=mesh)
     if not config.block_causal and settings.gen_length % settings.block_length:
@@ -249,14 +253,17 @@ def print_table(summary: dict) -> None:
     width = max(16, max(map(len, names_)) + 2)
     print(f"\n{'strategy':<{width}}{'strict':>8}{'flexible':>10}{'mean NFE':>10}{'remasks':>9}{'NFE ratio':>11}"
           f"{'speedup':>9}"
-          f"{'tok/s':>9}{'s/sample':>10}{'compile s':>11}{'n':>6}" + (f"{'same':>7}" if same_key else ""))
+          f"{'tok/s':>9}{'s/sample':>10}{'compile s':>11}{'passes':>8}{'occupied':>9}{'n':>6}"
+          + (f"{'same':>7}" if same_key else ""))
     for name in names_:
         s = summary[name]
         same = f"{s[same_key]:>7.2f}" if same_key and same_key in s else ("      -" if same_key else "")
         print(f"{name:<{width}}{s['accuracy_strict']:>8.3f}{s['accuracy_flexible']:>10.3f}{s['mean_nfe']:>10.1f}"
               f"{s.get('mean_remasks', 0.0):>9.2f}"
               f"{s['nfe_ratio']:>11.3f}{s['speedup']:>8.2f}x{s['tokens_per_second']:>9.1f}"
-              f"{s['seconds_per_sample']:>10.4f}{s['compile_seconds']:>11.1f}{s['n']:>6}{same}")
+              f"{s['seconds_per_sample']:>10.4f}{s['compile_seconds']:>11.1f}"
+              + (f"{s['passes']:>8.0f}{s['occupancy']:>9.2f}" if s.get("passes") is not None else f"{'-':>8}{'-':>9}")
+              + f"{s['n']:>6}{same}")
 
 
 def write_results(out: Path, summary: dict, rows: list[dict], config: dict) -> None:

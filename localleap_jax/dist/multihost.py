@@ -41,6 +41,7 @@ import numpy as np
 from localleap_jax import checkpoint
 from localleap_jax.checkpoint import CheckpointError
 from localleap_jax.decode import DecodeConfig, DecodeError, prepare_inputs
+from localleap_jax.decode.run import check_slots
 from localleap_jax.decode import generate as generate_on_one_device
 from localleap_jax.dist.mesh import LikelihoodOnMesh, generate_sharded
 from localleap_jax.dist.messages import BroadcastTransport, Message, Transport, receive, send
@@ -61,12 +62,12 @@ def load(path, dtype="bfloat16", verify: bool = True, mesh=None) -> checkpoint.M
     return checkpoint.load(path, dtype, verify, mesh, agree=lambda step, what: all_succeed(step, CheckpointError, what))
 
 
-def generate(model, ids, mask=None, cfg=None, rng=None, *, mesh=None, trace: bool = False):
+def generate(model, ids, mask=None, cfg=None, rng=None, *, mesh=None, trace: bool = False, slots: int | None = None):
     """This process's part of a generation: on the mesh (every process at once), or on one device."""
     cfg = DecodeConfig() if cfg is None else cfg
     if mesh is None:
-        return generate_on_one_device(model, ids, mask, cfg, rng, trace=trace)
-    return generate_sharded(model, ids, mask, cfg, mesh, rng=rng, trace=trace)
+        return generate_on_one_device(model, ids, mask, cfg, rng, trace=trace, slots=slots)
+    return generate_sharded(model, ids, mask, cfg, mesh, rng=rng, trace=trace, slots=slots)
 
 
 def loglikelihood(model, contexts, continuations, lcfg: LikelihoodConfig, *, mesh=None, greedy: bool = False,
@@ -113,21 +114,23 @@ class Leader:
             self._send(Message("load", meta))
             return self._collective(lambda: load(path, dtype=dtype, verify=verify, mesh=mesh))
 
-    def generate(self, model, ids, mask=None, cfg=None, rng=None, *, mesh=None, trace: bool = False):
+    def generate(self, model, ids, mask=None, cfg=None, rng=None, *, mesh=None, trace: bool = False,
+                 slots: int | None = None):
         """`generate(..., mesh=mesh)` on every process, on the same inputs (the followers drop their copy of
         the output). Inputs are checked here first, so a mistake never reaches them."""
         cfg = DecodeConfig() if cfg is None else cfg
         if not self.has_followers:
-            return generate(model, ids, mask, cfg, rng, trace=trace, mesh=mesh)
+            return generate(model, ids, mask, cfg, rng, trace=trace, mesh=mesh, slots=slots)
         if mesh is None:
             raise DecodeError("a multi-process run generates on a mesh: pass mesh=make_mesh(...)")
         ids = np.asarray(ids)
         mask = np.ones(ids.shape, bool) if mask is None else np.asarray(mask)
         prepare_inputs(ids, mask, cfg, model.config, rng)  # raises what generate would, before anything is sent
+        slots = check_slots(slots)
         # The rule files and modules the rule's code comes from (a user's --rules): each follower loads the same
         # ones and checks their bytes are these, every process agreeing before the collective generation.
         meta = {"config": cfg.to_json(), "trace": bool(trace), "key_impl": None, "mesh": mesh_shape(mesh),
-                "rules": sources_of(cfg.rule)}
+                "rules": sources_of(cfg.rule), "slots": slots}
         key = None
         if rng is not None:
             import jax
@@ -137,7 +140,7 @@ class Leader:
             self._send(Message("generate", meta, ids=ids, mask=mask, key=key))
             if meta["rules"]:
                 all_succeed(lambda: None, RulesError, "loading the rule files")
-            return self._collective(lambda: generate(model, ids, mask, cfg, rng, trace=trace, mesh=mesh))
+            return self._collective(lambda: generate(model, ids, mask, cfg, rng, trace=trace, mesh=mesh, slots=slots))
 
     def loglikelihood(self, model, contexts, continuations, lcfg: LikelihoodConfig, *, mesh=None,
                       greedy: bool = False, on_group=None):
@@ -291,7 +294,7 @@ class Follower:
             import jax
             rng = jax.random.wrap_key_data(msg.key, impl=msg.meta["key_impl"])
         return generate(self.model, msg.ids, msg.mask, DecodeConfig.from_json(msg.meta["config"]), rng,
-                        trace=msg.meta["trace"], mesh=self.mesh)
+                        trace=msg.meta["trace"], mesh=self.mesh, slots=msg.meta.get("slots"))
 
 
 def follow(transport: Transport | None = None, follower: Follower | None = None) -> int:

@@ -24,7 +24,8 @@ from localleap_jax.rules.sources import code_identity, loaded_sources
 def resume_key(model, cfg, settings: EvalSettings, data_id: str) -> dict:
     """What a strategy's answers depend on (see lm_eval.answers_key); its digest names the cache."""
     return answers_key(model, cfg, chat=True, seed=settings.seed, truncate_fewshot=settings.truncate_fewshot,
-                       batch={"batch_size": settings.batch_size, "limit": settings.limit,
+                       batch={"batch_size": settings.batch_size, "slots": settings.slots, "queue": settings.queue,
+                              "limit": settings.limit,
                               "devices": jax.local_device_count(), "mesh": settings.mesh_shape},
                        task={"data": data_id, "num_fewshot": settings.num_fewshot})
 
@@ -70,6 +71,7 @@ def evaluate_once(model, cfg, key: dict, cache: Path, settings: EvalSettings, ta
     import lm_eval
 
     lm = LocalLeapLM(model=model, mesh=settings.mesh, answers_key=key, batch_size=settings.batch_size,
+                     slots=settings.slots, queue=settings.queue,
                      stats_path=f"{cache}.stats.jsonl",
                      compile_cache=settings.compile_cache, seed=settings.seed, on_batch=RunningAccuracy(),
                      truncate_fewshot=settings.truncate_fewshot,
@@ -144,7 +146,8 @@ def collect(strategy: str, lm, samples: list[dict]) -> list[dict]:
         row.update(prompt_tokens=st.get("prompt_tokens"), fewshot_dropped=st.get("fewshot_dropped", 0),
                    nfe=st.get("nfe"), remasks=st.get("remasks", 0), hit_bound=st.get("hit_bound", False),
                    seconds=st.get("seconds"),
-                   generated_tokens=st.get("generated_tokens"), compile_seconds=st.get("compile_seconds", 0.0))
+                   generated_tokens=st.get("generated_tokens"), compile_seconds=st.get("compile_seconds", 0.0),
+                   passes_share=st.get("passes_share"), slots=st.get("slots"))
         rows.append(row)
     return rows
 
@@ -163,7 +166,20 @@ def summarize(rows: list[dict]) -> dict:
         "seconds_per_sample": seconds / n,
         "compile_seconds": sum(r["compile_seconds"] or 0.0 for r in rows),
         "truncated": sum(r["fewshot_dropped"] > 0 for r in rows),  # prompts that lost few-shot examples
+        **loop_usage(rows),
     }
+
+
+def loop_usage(rows: list[dict]) -> dict:
+    """The forward passes the compiled calls ran for these rows, and the slot occupancy: the share of the rows
+    held x passes that did work (sum of NFE over it). Each row carries its share of its call's passes; rows whose
+    stats predate these fields are left out (None when none has them)."""
+    known = [r for r in rows if r.get("passes_share") is not None and r.get("slots")]
+    if not known:
+        return {"passes": None, "occupancy": None}
+    held = sum(r["passes_share"] * r["slots"] for r in known)
+    return {"passes": round(sum(r["passes_share"] for r in known), 3),
+            "occupancy": sum(r["nfe"] for r in known) / max(held, 1e-9)}
 
 
 def rule_record(cfg) -> dict:
@@ -180,7 +196,8 @@ def config_record(settings: EvalSettings, cache: str, path: Path, model, plan: D
             "truncate_fewshot": settings.truncate_fewshot, "gen_length": settings.gen_length,
             "block_length": settings.block_length, "steps": settings.steps, "kappa": settings.kappa,
             "tau": settings.tau, "radius": settings.radius, "cache": cache, "early_stop": settings.early_stop,
-            "limit": settings.limit, "batch_size": settings.batch_size, "seed": settings.seed,
+            "limit": settings.limit, "batch_size": settings.batch_size, "slots": settings.slots,
+            "queue": settings.queue, "seed": settings.seed,
             "mesh": settings.mesh_shape, "processes": _process_count(),
             "rule_sources": [s.to_json() for s in loaded_sources()]}  # --rules files and modules, entry points
 

@@ -37,6 +37,8 @@ class EvalSettings:
     block_length: int
     num_fewshot: int
     batch_size: int
+    slots: int | None = None  # continuous batching: rows the loop holds (None: batch_size)
+    queue: int | None = None  # prompts per compiled call through the slots (None: 4 x slots; == slots: fixed batches)
     limit: int | None = None  # the first N problems (None: all of them)
     seed: int = 0
     truncate_fewshot: bool = False  # drop few-shot examples from a prompt too long for the model

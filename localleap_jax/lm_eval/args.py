@@ -130,6 +130,11 @@ def _as_mesh(value):
 ADAPTER_ARGS: dict[str, tuple[Callable, Any]] = {
     "checkpoint": (_as_optional(_as_str), None),
     "batch_size": (_as_batch_size, 8),
+    # Continuous batching: the loop holds `slots` rows (default: batch_size) and each compiled call takes `queue`
+    # prompts (default: 4 x slots), a finished row's slot taking the next one inside the loop. queue == slots:
+    # fixed batches.
+    "slots": (_as_optional(functools.partial(_as_int, low=1)), None),
+    "queue": (_as_optional(functools.partial(_as_int, low=1)), None),
     "dtype": (_as_dtype, "auto"),
     "chat": (_as_bool, True),
     "compile_cache": (_as_bool, True),

@@ -65,6 +65,8 @@ class LocalLeapLM(LM):
         if settings["compile_cache"]:
             enable_compilation_cache()
         self.batch_size = settings["batch_size"]
+        self.slots = settings["slots"] or self.batch_size  # rows the loop holds at once
+        self.queue = max(settings["queue"] or 4 * self.slots, self.slots)  # prompts per compiled call
         self.chat = settings["chat"]
         self.seed = settings["seed"]
         self.progress = settings["progress"]
@@ -109,7 +111,8 @@ class LocalLeapLM(LM):
     def answers_key(self) -> dict:
         """What this instance's answers depend on (computed on first use: it hashes the weights' identity)."""
         if self._answers_key is None:
-            batch = {"batch_size": self.batch_size, "devices": jax.local_device_count(),
+            batch = {"batch_size": self.batch_size, "slots": self.slots, "queue": self.queue,
+                     "devices": jax.local_device_count(),
                      "mesh": None if self.mesh is None else dict(self.mesh.shape)}
             delimiter = self.fewshot_delimiter if self.truncate_fewshot else False
             self._answers_key = answers_key(self.model, self.cfg, chat=self.chat, seed=self.seed,
@@ -191,8 +194,8 @@ class LocalLeapLM(LM):
         bar = tqdm(total=len(requests), desc=f"generate [{self.cfg.strategy}]", dynamic_ncols=True,
                    disable=disable_tqdm or not self.progress)
         try:  # closed however the loop ends, so an interrupted run's last line is not a stray bar
-            for start in range(0, len(order), self.batch_size):
-                batch = order[start:start + self.batch_size]
+            for start in range(0, len(order), self.queue):
+                batch = order[start:start + self.queue]
                 results_of_batch, stats_rows = self._generate_batch(requests, prompts, batch, start)
                 self._append_stats(stats_rows)  # stats first: an answer is cached only once its stats are on disk
                 for i, text in zip(batch, results_of_batch):
@@ -214,19 +217,23 @@ class LocalLeapLM(LM):
 
     def _generate_batch(self, requests, prompts: list[Prompt], batch: list[int], start: int
                         ) -> tuple[list[str], list[dict]]:
-        """Answers (cut at `until`) and stats rows of one batch of requests."""
+        """Answers (cut at `until`) and stats rows of one compiled call's requests: a fixed batch, or a queue
+        through `slots` rows (continuous batching)."""
         tok = self.model.tokenizer
         cfg = self._config_for(requests[batch[0]].args[1])
+        fixed = self.queue <= self.slots
         # A short last batch is filled up with copies of its last row, so it runs the program the full batches
         # compiled (a second compile costs more than the filler rows: a copy decodes exactly as its original,
-        # so the loop takes no extra step); the copies' answers are dropped.
-        filled = batch + [batch[-1]] * (self.batch_size - len(batch))
+        # so the loop takes no extra step); the copies' answers are dropped. A queue is not: each copy would take
+        # a slot's passes of its own.
+        filled = batch + [batch[-1]] * (self.batch_size - len(batch)) if fixed else batch
         ids, mask = left_pad([prompts[i].ids for i in filled], tok.pad_id)
         rng = jax.random.fold_in(self.rng, start)
+        slots = None if fixed else self.slots
         if self.mesh is None:  # one process: a full copy of the weights on each local device
-            out = generate(self.model, ids, mask, cfg, rng, devices=jax.local_devices())
+            out = generate(self.model, ids, mask, cfg, rng, devices=jax.local_devices(), slots=slots)
         else:  # every process at once, the batch split over "data", the weights over "model"
-            out = leader().generate(self.model, ids, mask, cfg, rng, mesh=self.mesh)
+            out = leader().generate(self.model, ids, mask, cfg, rng, mesh=self.mesh, slots=slots)
         self.model_calls += 1
         generated = out.tokens[:len(batch), out.prompt_length:]
         texts = tok.decode_generated(generated)
@@ -239,7 +246,10 @@ class LocalLeapLM(LM):
                    "hit_bound": bool(out.hit_bound[j]) if out.hit_bound is not None else False,
                    "prompt_tokens": len(prompts[i].ids), "fewshot_dropped": prompts[i].fewshot_dropped,
                    "generated_tokens": len(cut_at_stop(generated[j], tok.stop_ids)),
-                   "compile_seconds": out.compile_seconds if j == 0 else 0.0, "batch_size": len(batch)}
+                   "compile_seconds": out.compile_seconds if j == 0 else 0.0, "batch_size": len(batch),
+                   # the call's forward passes and rows held, shared out over its requests: summed over rows they
+                   # give the run's passes and (with NFE) its occupancy, whatever the calls were
+                   "passes_share": out.forward_passes / len(batch), "slots": out.slots}
             self.stats[row["key"]] = row
             rows.append(row)
         self._totals = [t + v for t, v in zip(self._totals, (len(batch), sum(r["nfe"] for r in rows),
