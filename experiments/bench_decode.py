@@ -23,6 +23,22 @@ the LM head on the whole canvas vs on the current block only.
 `--mesh` (';' between meshes) adds, per strategy and cache, one row per (data, model) mesh
 (`generate(..., mesh=)`, localleap_jax.dist.mesh) and one for the pmap path over the same devices,
 so their tokens/s stand side by side (on CPU's virtual devices, a sanity check only).
+
+Side by side with Fast-dLLM (`--fast-dllm`, default none,prefix,dual; "" to skip): per cache mode, JAX
+`ll.generate(cache=m)` next to Fast-dLLM's loop of the same mode (`localleap_jax.reference_fast_dllm`: their
+`generate` / `generate_with_prefix_cache` / `generate_with_dual_cache` on the same transformers Llama), same
+model, prompts and rule (threshold and low_confidence through their get_transfer_index, other rules through
+reference_rules), greedy. Printed: whether the tokens agree (all rows, else how many), whether each row's NFE
+agrees, passes of the batch on each side, ms per pass (step), generated tokens/s and JAX / Fast-dLLM tokens/s.
+Both sides warm up once (JAX: the compile), then each takes the median of --reps timed runs. The embedded
+model's prompts differ in length: the Fast-dLLM side masks the padding keys (an extension of theirs, which
+takes no mask). Both tables, on a CPU:
+
+    nice .venv/bin/python experiments/bench_decode.py --batch 1,8 --strategies threshold,localleap --cache none
+    nice .venv/bin/python experiments/bench_decode.py --shape small --batch 1,8 --prompt-length 128 \
+        --gen-length 64 --block-length 16 --cache none        # random weights: low_confidence, 4 tokens/step
+
+Threads (--threads, default 1): the same count on both sides, set before torch and jax are imported.
 """
 
 from __future__ import annotations
@@ -32,6 +48,7 @@ import dataclasses
 import json
 import time
 
+from bench_threads import N_THREADS  # noqa: F401 (before jax and torch: it sets their threads)
 from bench_common import median_seconds, on_gpu, random_model, torch_sync, torch_twin
 
 import jax
@@ -96,6 +113,77 @@ def step_functions(model, P: int, cfg):
     return jax.jit(full_head), jax.jit(block_head)
 
 
+def fast_dllm_rule(strategy: str, steps: int | None) -> dict:
+    """The Fast-dLLM loop's rule arguments for a strategy name with its default settings: threshold and
+    low_confidence as their get_transfer_index has them, any other rule eagerly (reference_rules)."""
+    from localleap_jax import reference_rules
+
+    if strategy == "threshold":
+        return {"threshold": reference_rules.Threshold.defaults["kappa"]}
+    if strategy == "low_confidence":
+        return {"steps": steps}
+    rule = reference_rules.make(strategy, **({"steps": steps} if steps and "steps" in
+                                             reference_rules.RULES[strategy].defaults else {}))
+    return {"rule": rule}
+
+
+def timed_fast_dllm(loop, twin, ids, mask, *, G: int, T: int, mask_id: int, rule: dict, reps: int = 1):
+    """Fast-dLLM's loop, warmed up once, then run `reps` times: (FastResult, median seconds)."""
+    import torch
+
+    from localleap_jax import reference_rules
+
+    tmodel, device = twin
+    t_ids, t_mask = torch.tensor(ids, device=device), torch.tensor(mask, device=device)
+
+    def run():
+        fresh = {k: reference_rules.fresh(v) if k == "rule" else v for k, v in rule.items()}
+        return loop(tmodel, t_ids, t_mask, gen_length=G, block_length=T, mask_id=mask_id, **fresh)
+
+    out = run()
+    torch_sync()
+    secs = median_seconds(lambda: (run(), torch_sync()), reps=reps, warmup=0)
+    return out, secs
+
+
+def side_by_side_row(model, twin, ids, mask, strategy: str, steps: int | None, G: int, T: int, cache: str,
+                     jax_run, stop_ids, reps: int = 1) -> dict:
+    """JAX `generate(cache=cache)` (jax_run: compiled already, returns a Generation) next to Fast-dLLM's loop of
+    that mode; each side's median time over `reps` runs."""
+    import statistics
+
+    from localleap_jax import reference_fast_dllm
+
+    fast, secs = timed_fast_dllm(reference_fast_dllm.LOOPS[cache], twin, ids, mask, G=G, T=T,
+                                 mask_id=model.config.mask_token_id, rule=fast_dllm_rule(strategy, steps), reps=reps)
+    runs = [jax_run() for _ in range(reps)]
+    jax_out = dataclasses.replace(runs[0], seconds=statistics.median(r.seconds for r in runs))
+    P = ids.shape[1]
+    x = fast.x.cpu().numpy()
+    jax_tps = generated_tokens(jax_out.tokens, P, stop_ids) / jax_out.seconds
+    fast_tps = generated_tokens(x, P, stop_ids) / secs
+    return {"batch": ids.shape[0], "strategy": strategy, "cache": cache,
+            "tokens_agree": bool(np.array_equal(jax_out.tokens[:, P:], x[:, P:])),
+            "rows_agree": int((jax_out.tokens[:, P:] == x[:, P:]).all(axis=1).sum()),
+            "nfe_agree": jax_out.nfe.tolist() == fast.row_nfe,
+            "jax_passes": jax_out.forward_passes, "fast_dllm_passes": fast.nfe,
+            "jax_ms_per_step": jax_out.seconds / jax_out.forward_passes * 1e3,
+            "fast_dllm_ms_per_step": secs / fast.nfe * 1e3,
+            "jax_tokens_per_s": jax_tps, "fast_dllm_tokens_per_s": fast_tps, "jax_over_fast_dllm": jax_tps / fast_tps}
+
+
+def print_side_by_side(rows: list[dict]) -> None:
+    print("\nside by side: JAX generate(cache=m) vs Fast-dLLM's loop of mode m (reference_fast_dllm), same rule")
+    print(f"{'B':>3} {'strategy':<15}{'cache':<8}{'tokens':>8}{'NFE':>5}{'passes jax/fd':>15}"
+          f"{'jax ms/step':>13}{'fd ms/step':>12}{'jax tok/s':>11}{'fd tok/s':>10}{'jax/fd':>8}")
+    for r in rows:
+        tokens = "same" if r["tokens_agree"] else f"{r['rows_agree']}/{r['batch']}"
+        print(f"{r['batch']:>3} {r['strategy']:<15}{r['cache']:<8}{tokens:>8}{'=' if r['nfe_agree'] else '!=':>5}"
+              f"{str(r['jax_passes']) + '/' + str(r['fast_dllm_passes']):>15}{r['jax_ms_per_step']:>13.2f}"
+              f"{r['fast_dllm_ms_per_step']:>12.2f}{r['jax_tokens_per_s']:>11.1f}{r['fast_dllm_tokens_per_s']:>10.1f}"
+              f"{r['jax_over_fast_dllm']:>7.2f}x")
+
+
 def peak_step_memory_mb(fn, params, ids, mask) -> float:
     """Temporary + output bytes XLA allocates for one call (parameters and inputs excluded)."""
     mem = fn.lower(params, ids, mask).compile().memory_analysis()
@@ -120,6 +208,10 @@ def main(argv=None):
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--mesh", help="(data, model) meshes to compare, e.g. 'data=4,model=2;data=1,model=8' "
                                    "(an axis left out takes the rest of the devices)")
+    ap.add_argument("--fast-dllm", default="none,prefix,dual",
+                    help="cache modes to run side by side with Fast-dLLM's loops ('' to skip; needs torch)")
+    ap.add_argument("--reps", type=int, default=3, help="side by side: median of this many timed runs per side")
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads on both sides (read by bench_threads)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     meshes = parse_meshes(args.mesh) if args.mesh else []
@@ -137,6 +229,11 @@ def main(argv=None):
     model = ll.load(ll.checkpoint.EMBEDDED, dtype=dtype) if small else random_model(args.shape, dtype)
     stop_ids = [model.config.eos_token_id] + ([model.tokenizer.eot_id] if model.tokenizer else [])
     twin = None if args.no_torch else torch_twin(model)
+    if twin is not None:
+        import torch
+        torch.set_num_threads(N_THREADS)
+    fast_modes = [m for m in args.fast_dllm.split(",") if m] if twin is not None else []
+    side_rows = []
 
     print(f"{jax.devices()[0].device_kind}: {args.shape} ({model.config.num_params / 1e6:.1f}M params, {dtype.name}), "
           f"gen {G}, block {T}" + (f", low_confidence pinned at {per_step} token(s)/step" if per_step > 1 else ""))
@@ -156,7 +253,8 @@ def main(argv=None):
                                     reps=5, warmup=2) * 1e3
         for strategy in strategies:
             steps = G // per_step if strategy == "low_confidence" else None
-            cfg = ll.DecodeConfig(strategy=strategy, gen_length=G, block_length=T, steps=steps)
+            rule = ll.rule(strategy, steps=steps) if steps else strategy
+            cfg = ll.DecodeConfig(strategy=rule, gen_length=G, block_length=T)
             torch_tps = None
             if twin is not None:
                 import torch
@@ -178,10 +276,12 @@ def main(argv=None):
                 rows.append(row)
                 print(f"{B:>3} {strategy:<15}{'torch-eager':<15}{row['nfe']:>7.1f}{passes:>8}{passes:>6}"
                       f"{row['ms_per_step']:>9.2f}{torch_tps:>10.1f}{'1.00x':>10}")
+            timed = set()  # cache modes compiled already (side by side with Fast-dLLM reuses them)
             for cache in caches:
                 c = dataclasses.replace(cfg, cache=cache)
                 first = ll.generate(model, ids_d, mask_d, c)
                 out = ll.generate(model, ids_d, mask_d, c)
+                timed.add(cache)
                 n_tok = generated_tokens(out.tokens, out.prompt_length, stop_ids)
                 tps = n_tok / out.seconds
                 row = {"batch": B, "strategy": strategy, "impl": f"jax-{cache}", "nfe": float(out.nfe.mean()),
@@ -206,14 +306,24 @@ def main(argv=None):
                     vs = f"{row['vs_torch']:.2f}x" if torch_tps else "-"
                     print(f"{B:>3} {strategy:<15}{label:<15}{row['nfe']:>7.1f}{row['passes']:>8}{row['full_passes']:>6}"
                           f"{row['ms_per_step']:>9.2f}{row['tokens_per_s']:>10.1f}{vs:>10}{row['compile_s']:>10.1f}")
+            for cache in fast_modes:
+                c = dataclasses.replace(cfg, cache=cache)
+                if cache not in timed:
+                    ll.generate(model, ids_d, mask_d, c)  # compile
+                side_rows.append(side_by_side_row(model, twin, ids, mask, strategy, steps, G, T, cache,
+                                                  lambda c=c: ll.generate(model, ids_d, mask_d, c), stop_ids,
+                                                  reps=args.reps))
         full_mb = peak_step_memory_mb(full_step, model.params, canvas, cmask)
         block_mb = peak_step_memory_mb(block_step, model.params, canvas, cmask)
         print(f"    one step's XLA memory at B={B} (params excluded): LM head on the canvas {full_mb:.1f} MB, "
               f"on the block only {block_mb:.1f} MB")
         rows.append({"batch": B, "step_temp_mb_full_head": full_mb, "step_temp_mb_block_head": block_mb})
+    if side_rows:
+        print_side_by_side(side_rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": jax.devices()[0].device_kind, "shape": args.shape, "rows": rows}, f, indent=2)
+            json.dump({"device": jax.devices()[0].device_kind, "shape": args.shape, "rows": rows,
+                       "fast_dllm": side_rows}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,42 @@
+"""experiments/gpu_report.py runs every section on CPU at a small shape and writes a report whose ratios are real."""
+
+import json
+import math
+import os
+
+import pytest
+
+
+@pytest.fixture
+def quiet_threads(monkeypatch):
+    """The benchmark sets torch's threads and appends to XLA_FLAGS (bench_threads): undo both afterwards."""
+    import torch
+
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_the_gpu_report_measures_every_section_and_writes_finite_ratios(tmp_path, quiet_threads):
+    import gpu_report
+
+    path = tmp_path / "report.json"
+    printed = gpu_report.main(["--shape", "small", "--length", "64", "--gen-length", "32", "--block-length", "16",
+                               "--batch", "1", "--tokens-per-step", "8", "--json", str(path)])
+    report = json.loads(path.read_text())
+    assert report == json.loads(json.dumps(printed))
+    assert report["attention_implementation"] in ("xla", "cudnn")
+    sections = report["sections"]
+    assert {"setup", "forward", "caches", "localleap"} <= set(sections)
+    assert not any(sections[s]["skipped"] for s in ("forward", "caches", "localleap"))  # the budget held them all
+    assert [r["cache"] for r in sections["caches"]["rows"]] == ["none", "prefix", "dual"]
+    assert [(r["strategy"], r["cache"]) for r in sections["localleap"]["rows"]] == [("localleap", "dual")]
+    ratios = [r["torch_over_jax"] for r in sections["forward"]["rows"]]
+    ratios += [r["jax_over_fast_dllm"] for s in ("caches", "localleap") for r in sections[s]["rows"]]
+    assert len(ratios) == 5 and all(math.isfinite(x) and x > 0 for x in ratios), ratios
+    for r in sections["caches"]["rows"] + sections["localleap"]["rows"]:
+        assert r["rows_agree"] == 1  # fp32 on CPU: both sides decode the same tokens
+        assert r["jax_passes"] == r["fast_dllm_passes"] == (4 if r["strategy"] == "low_confidence" else r["jax_passes"])
+    assert set(report["memory"]) == {"jax_peak_bytes", "torch_peak_bytes"}
