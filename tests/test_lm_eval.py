@@ -118,12 +118,34 @@ def test_a_short_last_batch_runs_the_full_batches_program_and_answers_as_alone(e
             for a, b in zip((3, 5, 2, 7, 4, 6), (4, 1, 6, 2, 3, 5))]  # one prompt length: one bucket
     assert len({len(embedded.tokenizer.encode(c)) for c in ctxs}) == 1
     reqs = [Instance("generate_until", {}, (c, {"until": []}), i) for i, c in enumerate(ctxs)]
-    lm = LocalLeapLM(model=embedded, compile_cache=False, progress=False, batch_size=4, **DECODE)
+    lm = LocalLeapLM(model=embedded, compile_cache=False, progress=False, batch_size=4, queue=4, **DECODE)
     answers = lm.generate_until(reqs)
-    assert lm.model_calls == 2  # the case: batches of 4 and 2
+    assert lm.model_calls == 2  # the case: batches of 4 and 2 (queue = slots: fixed batches)
     assert len(compiled_programs()) == seen + 1  # the batch of 2 ran the batch of 4's program
     assert sorted(r["batch_size"] for r in lm.stats.values()) == [2, 2, 4, 4, 4, 4]  # filler rows are not counted
     alone = LocalLeapLM(model=embedded, compile_cache=False, progress=False, batch_size=1, **DECODE)
+    assert answers == alone.generate_until(reqs)
+
+
+def test_slots_take_a_queue_of_requests_in_one_call_and_answer_as_alone(embedded):
+    """slots=2, queue=5: one compiled call of 5 requests through 2 rows (continuous batching); the stats rows say
+    so (each request's share of the call's passes, the rows held), and the answers are each request's alone."""
+    from lm_eval.api.instance import Instance
+
+    ctxs = [f"Question: Tom has {a} pens. He loses {b} pens. How many pens does Tom have now?\nAnswer:"
+            for a, b in zip((9, 8, 7, 6, 5), (1, 2, 3, 4, 5))]
+    reqs = [Instance("generate_until", {}, (c, {"until": []}), i) for i, c in enumerate(ctxs)]
+    lm = LocalLeapLM(model=embedded, compile_cache=False, progress=False, batch_size=2, queue=5,
+                     **{**DECODE, "early_stop": True})
+    answers = lm.generate_until(reqs)
+    assert lm.model_calls == 1 and lm.slots == 2
+    rows = list(lm.stats.values())
+    assert {r["slots"] for r in rows} == {2} and {r["batch_size"] for r in rows} == {5}
+    passes = sum(r["passes_share"] for r in rows)
+    assert sum(r["nfe"] for r in rows) <= 2 * passes  # occupancy <= 1
+    assert passes < sum(r["nfe"] for r in rows)  # the two rows worked side by side
+    alone = LocalLeapLM(model=embedded, compile_cache=False, progress=False, batch_size=1, queue=1,
+                        **{**DECODE, "early_stop": True})
     assert answers == alone.generate_until(reqs)
 
 
@@ -136,13 +158,14 @@ def test_rerun_with_the_cache_makes_no_model_call_and_an_interrupted_run_resumes
     def stop_after_first_batch(requests, texts, stats):
         raise Interrupt
 
-    first = LocalLeapLM(model=embedded, batch_size=8, compile_cache=False, progress=False,
+    # calls of 8 requests through 4 slots: the interrupted run keeps its first call's 8 answers
+    first = LocalLeapLM(model=embedded, batch_size=4, queue=8, compile_cache=False, progress=False,
                         stats_path=cache + ".stats.jsonl", on_batch=stop_after_first_batch, **DECODE)
     with pytest.raises(Interrupt):
         _evaluate(first, local_task, use_cache=cache, limit=12)
     assert first.model_calls == 1
 
-    resumed = LocalLeapLM(model=embedded, batch_size=8, compile_cache=False, progress=False,
+    resumed = LocalLeapLM(model=embedded, batch_size=4, queue=8, compile_cache=False, progress=False,
                           stats_path=cache + ".stats.jsonl", **DECODE)
     res = _evaluate(resumed, local_task, use_cache=cache, limit=12)
     assert resumed.model_calls == 1  # only the 4 requests the interrupted run had not finished
@@ -182,7 +205,7 @@ def test_a_batch_size_that_is_not_a_positive_integer_is_refused(embedded, batch_
 
 def test_generate_until_fails_rather_than_return_a_missing_answer(embedded):
     lm = LocalLeapLM(model=embedded, compile_cache=False, progress=False, **DECODE)
-    lm.batch_size = -1  # what an unchecked --batch-size -1 reached: no batch ran, every answer None
+    lm.batch_size = lm.queue = -1  # what an unchecked --batch-size -1 reached: no batch ran, every answer None
     with pytest.raises(AssertionError, match=r"left 1 of 1 requests unanswered"):
         lm.generate_until(_ask(QUESTION))
 
