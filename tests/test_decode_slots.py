@@ -155,6 +155,20 @@ def test_slots_refill_when_their_cache_allows_and_not_before(model, prompts, cac
         assert out.full_passes == full
 
 
+def test_per_prompt_settings_follow_their_prompt_into_its_slot(model, prompts):
+    """A setting given per prompt ([N]) is the prompt's wherever it runs: each equals its prompt alone with it."""
+    ids, mask = prompts
+    kappa = np.array([0.5, 0.999, 0.7, 0.999, 0.9, 0.6, 0.99])
+    make = lambda k: ll.DecodeConfig(strategy=ll.rule("threshold", kappa=k), gen_length=48, block_length=16,  # noqa: E731
+                                     early_stop=True)
+    out = ll.generate(model, ids, mask, make(kappa), slots=S)
+    for i, k in enumerate(kappa):
+        one = ll.generate(model, ids[i:i + 1], mask[i:i + 1], make(float(k)))
+        np.testing.assert_array_equal(out.tokens[i, out.prompt_length:], one.tokens[0, one.prompt_length:])
+        assert out.nfe[i] == one.nfe[0]
+    assert out.nfe.max() > out.nfe.min()  # the settings made a difference
+
+
 def test_slots_at_least_the_batch_run_the_fixed_program(model, prompts):
     ids, mask = prompts
     cfg = ll.DecodeConfig(strategy="threshold", gen_length=32, block_length=16)
