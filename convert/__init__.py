@@ -5,8 +5,8 @@
     python -m convert.dream SRC OUT     # refuses a LLaDA source, naming it
     python -m convert.sdar SRC OUT      # SDAR / TraDo block-diffusion models
 
-Every mistake ends with exit status 2 and one line `error: ...`; Ctrl-C with status 130 and one
-line, leaving no output directory.
+Every mistake ends with exit status 2 and one line `error: ...`; Ctrl-C, SIGTERM or SIGHUP with status 130
+and one line, leaving no output directory.
 """
 
 import os
@@ -25,6 +25,9 @@ def _interrupted_while_starting(signum, frame):
 # for a program that merely imports this package.
 if sys.argv[:1] == ["-m"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, _interrupted_while_starting)
+    for _name in ("SIGTERM", "SIGHUP"):  # a scheduler's kill, a closed terminal: the same, in one line
+        if hasattr(signal, _name) and signal.getsignal(getattr(signal, _name)) is signal.SIG_DFL:
+            signal.signal(getattr(signal, _name), _interrupted_while_starting)
 
 import argparse  # noqa: E402
 
@@ -40,9 +43,23 @@ class _OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv=None, family: str | None = None) -> int:
     """The command line; exit status 2 and one `error:` line for anything wrong with the input."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, Ctrl-C cleans up as it unwinds
+    terminating = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    previous = {sig: signal.signal(sig, _terminated) for sig in terminating}  # and SIGTERM / SIGHUP the same way
+    try:
+        return _main(argv, family)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def _main(argv, family: str | None) -> int:
     prog = "python -m convert" + (f".{family}" if family else "")
     what = f"a Hugging Face {FAMILY_NAMES[family]} checkpoint" if family else "a Hugging Face LLaDA, Dream or SDAR checkpoint"
     ap = _OneLineParser(prog=prog, description=f"Convert {what} (safetensors) into a localleap-jax checkpoint "
@@ -59,8 +76,9 @@ def main(argv=None, family: str | None = None) -> int:
     except (ConversionError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"error: interrupted; nothing was written to {args.out}", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        what = f" ({e})" if str(e) else ""  # SIGTERM / SIGHUP by name; Ctrl-C as before
+        print(f"error: interrupted{what}; nothing was written to {args.out}", file=sys.stderr)
         return 130
     print(f"wrote {out}")
     return 0

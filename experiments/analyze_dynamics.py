@@ -86,7 +86,7 @@ def load_problems(args, manifest: dict) -> tuple[list[dict], str]:
     """(problems, description): --data, else the embedded model's held-out synthetic split."""
     if args.data:
         path = Path(args.data).expanduser()
-        rows = read_gsm8k_jsonl(path)
+        rows = read_gsm8k_jsonl(path, scored=False)  # only the questions are read
         desc = str(path.resolve())
     elif manifest.get("eval_data") == "synthetic_math":
         from localleap_jax import synthetic_math
@@ -189,7 +189,8 @@ def generate_and_save(args, out: Path) -> list[Path]:
     identity = ll.rules.code_identity(cfg.rule)
     meta = {"checkpoint": str(path), "dtype": str(model.dtype), "data": data_desc, "strategy": spec,
             "decode": cfg.fingerprint(), "spec": cfg.rule.spec(),  # the rule with every setting
-            "rule_code": identity["code"], "rule_defined_in": identity["defined_in"]}
+            "rule_code": identity["code"], "rule_defined_in": identity["defined_in"],
+            "cache_mode": cfg.cache_mode(model.config)}  # "auto" resolved: what the stable share means
     print(f"model {path} ({model.config.num_params / 1e6:.1f}M params, {model.dtype}); data: {data_desc}, "
           f"{len(problems)} problems; strategy {spec}, gen {cfg.gen_length}, block {cfg.block_length}; output {out}")
     prompts = [prompt_text(p["question"]) for p in problems]
@@ -248,8 +249,10 @@ def analyse(files: list[Path], out: Path, row: int) -> dict:
     trace, texts, meta = load_traces(files)
     if not 0 <= row < trace.token.shape[0]:
         raise UserError(f"--row {row}: the traces hold {trace.token.shape[0]} rows")
-    figures = plots.all_figures(trace, out, row, texts)
-    result = {**dyn.summary(trace), "paper": dyn.PAPER,
+    cache = meta.get("cache_mode") or (meta.get("decode") or {}).get("cache")  # what the stable share means
+    cache = None if cache == "auto" else cache
+    figures = plots.all_figures(trace, out, row, texts, cache=cache)
+    result = {**dyn.summary(trace, cache=cache), "paper": dyn.PAPER,
               "figures": {name: f"{name}.png" for name in figures},
               "trace_files": [str(f.resolve()) for f in files],
               "settings": {k: v for k, v in meta.items() if k not in ("prompts", "first_row")}}
@@ -267,6 +270,10 @@ def print_headline(result: dict) -> None:
           f"{pct(paper['stable_within_25pct']):>9}   ({result['decided_positions']} positions)")
     print(f"{'consistent given confidence > 0.8 (Fig. 1c)':<44}{pct(result['consistent_given_conf_gt_0.8']):>10}"
           f"{pct(paper['consistent_given_conf_gt_0.8']):>9}   ({result['predictions_conf_gt_0.8']} predictions)")
+    cache = result.get("cache")
+    if cache != "none":  # the paper's figure is without a cache: say what this one is
+        print(f"note: stable share with --cache {cache or '(not recorded)'}: {result['stable_within_25pct_means']} "
+              f"({pct(result['observed_share_of_masked_predictions'])} of the masked positions' passes predicted them)")
     revoked = result.get("revocations") or {}
     if revoked.get("remasks"):
         print(f"{'tokens taken back (remasks per answer)':<44}{revoked['remasks_per_row']:>10.2f}{'-':>9}   "

@@ -35,7 +35,7 @@ from localleap_jax.checkpoint import EMBEDDED  # noqa: E402
 from localleap_jax.decode import CACHE_MODES, DecodeError  # noqa: E402
 from localleap_jax.dist.multihost import leading, mesh_for_run  # noqa: E402
 from localleap_jax.gsm8k import (EXIT_ERROR, RULES_HELP, EvalSettings, OneLineParser, Progress,  # noqa: E402
-                                 UserError, check_gen_length, check_output, collect, config_record, count,
+                                 UserError, check_gen_length, check_output, collect, config_record, count, default_output,
                                  default_strategies, exit_status, find_checkpoint, holding, load_model,
                                  load_user_rules, plan_data, positive, probability, read_model_config, rule_record,
                                  run_strategy, seed, summarize, write_atomically, write_task)
@@ -98,7 +98,8 @@ def parse_args(argv=None):
     ap.add_argument("--early-stop", action="store_true", help="stop a row after a finished block that holds EOS")
     ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
                     help="parameter dtype: auto (fp32 on CPU, bf16 on GPU/TPU), bfloat16, float32")
-    ap.add_argument("--output", help="output directory (default runs/eval_gsm8k/<model>)")
+    ap.add_argument("--output", help="output directory (default runs/eval_gsm8k/<model>-<8 hex of its weights' "
+                    "fingerprint>)")
     ap.add_argument("--no-compile-cache", action="store_true", help="do not use JAX's persistent compilation cache")
     ap.add_argument("--seed", type=seed, default=0)
     dist = ap.add_argument_group("devices and processes", "every process of a multi-process run runs the same "
@@ -194,7 +195,7 @@ def run(args, mesh, progress: Progress) -> int:
                          f" with --cache {cache_mode}" if len(args.caches) > 1 else "")
     check_gen_length(settings.gen_length, path)
     plan = plan_data(args.data, args.fewshot_data, settings.num_fewshot, manifest)
-    out = Path(args.output or REPO / "runs" / "eval_gsm8k" / path.name).expanduser().resolve()
+    out = Path(args.output or default_output(REPO / "runs" / "eval_gsm8k", path, manifest)).expanduser().resolve()
     check_output(out)
 
     with holding(out, progress):  # held from here on, so a second run is refused before it loads anything

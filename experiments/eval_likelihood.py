@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from localleap_jax.checkpoint import EMBEDDED  # noqa: E402
-from localleap_jax.gsm8k import (EXIT_ERROR, OneLineParser, UserError, find_checkpoint, load_model,  # noqa: E402
-                                 read_model_config)
+from localleap_jax.gsm8k import (EXIT_ERROR, OneLineParser, UserError, check_output, default_output,  # noqa: E402
+                                 find_checkpoint, load_model, read_model_config)
 from localleap_jax.lm_eval import USER_ERRORS, CacheMismatchError, default_dtype  # noqa: E402
 from localleap_jax.gsm8k.command_line import termination_as_interrupt, whole_number  # noqa: E402
 
@@ -94,7 +94,8 @@ def parse_args(argv=None):
                     help="items of the local choice task (default 200)")
     ap.add_argument("--dtype", default=None, help="float32 (default on CPU) or bfloat16")
     ap.add_argument("--seed", type=whole_number(0, "an integer >= 0"), default=0)
-    ap.add_argument("--output", default=None, help="output directory (default: results/likelihood-<checkpoint>)")
+    ap.add_argument("--output", default=None, help="output directory (default: results/likelihood-<checkpoint>-<8 hex of its "
+                    "weights' fingerprint>)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     return ap.parse_args(argv)
 
@@ -106,13 +107,15 @@ def evaluate(args) -> int:
     from localleap_jax.lm_eval import LocalLeapLM
     from localleap_jax.lm_eval.choice_task import write_choice_task
 
-    path, _ = find_checkpoint(args.checkpoint)
+    path, manifest = find_checkpoint(args.checkpoint)
     if read_model_config(path).block_causal:
         raise UserError(f"{path.name} is a block-diffusion model (block-causal attention): its authors publish no "
                         "likelihood estimator, and none is served here")
     embedded = path == EMBEDDED
     tasks = parse_tasks(args.tasks or ("local" if embedded else "paper"), args.mc_num, args.mc_batch_size, args.cfg)
-    out = Path(args.output or REPO / "results" / f"likelihood-{path.name}").expanduser().resolve()
+    out = Path(args.output or default_output(REPO / "results", path, manifest, prefix="likelihood-"))
+    out = out.expanduser().resolve()
+    check_output(out)
     out.mkdir(parents=True, exist_ok=True)
     model = load_model(path, args.dtype or default_dtype())
     summary = {"checkpoint": str(path), "tasks": {}}

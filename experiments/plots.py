@@ -97,7 +97,7 @@ def figure1a(trace: Trace, out: Path, row: int = 0, text: str | None = None) -> 
 # ---------------------------------------------------------------- Figure 1b
 
 
-def figure1b(trace: Trace, out: Path) -> dict:
+def figure1b(trace: Trace, out: Path, cache: str | None = None) -> dict:
     """Histogram of the earliest stable-consistency step / passes, its cumulative share, the 25% line."""
     edges = dyn.FRACTION_EDGES
     counts = dyn.stable_histogram(trace, edges)
@@ -112,12 +112,16 @@ def figure1b(trace: Trace, out: Path) -> dict:
     ax.set_xlabel("earliest stable-consistency step / total passes")
     ax.set_ylabel("share of positions")
     ax.set_xlim(0, 1)
-    ax.set_title(f"Figure 1b: {_percent(share)} stable within 25% of the passes "
-                 f"(paper {_percent(dyn.PAPER['stable_within_25pct'])})", fontsize=10)
+    paper = _percent(dyn.PAPER['stable_within_25pct'])
+    caveat = (f"\n--cache {cache}: a position is predicted only once its block opens; not comparable to the "
+              f"paper's no-cache {paper}" if cache is not None and cache not in dyn.COMPARABLE_CACHES else "")
+    ax.set_title(f"Figure 1b: {_percent(share)} stable within 25% of the passes (paper, no cache: {paper}){caveat}",
+                 fontsize=10 if not caveat else 8)
     ax.legend(loc="center right")
     data = {"definition": "fraction = (stable pass + 1) / row passes; within 25% means fraction <= 0.25",
             "edges": edges, "counts": counts, "cumulative": cumulative, "positions": n,
-            "stable_within_25pct": share, "paper_stable_within_25pct": dyn.PAPER["stable_within_25pct"]}
+            "stable_within_25pct": share, "paper_stable_within_25pct": dyn.PAPER["stable_within_25pct"],
+            "cache": cache, "means": dyn.STABLE_MEANING.get(cache, "the traces do not record their cache mode")}
     return _save(fig, out, "figure1b", data)
 
 
@@ -176,10 +180,11 @@ def figure2(trace: Trace, out: Path, max_distance: int = 8, anchor_split: float 
     return _save(fig, out, "figure2", data)
 
 
-def all_figures(trace: Trace, out: Path, row: int = 0, texts: list[str] | None = None) -> dict[str, dict]:
-    """Every figure into `out`; returns {name: its JSON dict}."""
+def all_figures(trace: Trace, out: Path, row: int = 0, texts: list[str] | None = None, cache: str | None = None
+                ) -> dict[str, dict]:
+    """Every figure into `out`; returns {name: its JSON dict}. `cache`: the traces' cache mode (Figure 1b's caveat)."""
     text = texts[row] if texts is not None and row < len(texts) else None
-    return {"figure1a": figure1a(trace, out, row, text), "figure1b": figure1b(trace, out),
+    return {"figure1a": figure1a(trace, out, row, text), "figure1b": figure1b(trace, out, cache),
             "figure1c": figure1c(trace, out), "figure2": figure2(trace, out)}
 
 

@@ -186,28 +186,36 @@ def write_params(path: str | Path, params: Params, chunk_bytes: int | None = CHU
             done.set()
 
     threading.Thread(target=save, name="orbax-save").start()
-    if _wait_holding_interrupts(done):
-        raise KeyboardInterrupt  # the write is complete: now the caller may clean up
+    caught = _wait_holding_interrupts(done)
+    if caught is not None:  # the write is complete: now the caller may clean up
+        if caught != signal.SIGINT:
+            signal.raise_signal(caught)  # its own handler (a command line's: KeyboardInterrupt naming it)
+        raise KeyboardInterrupt
     if failure:
         raise failure[0]
 
 
-def _wait_holding_interrupts(done: threading.Event) -> bool:
-    """Wait for `done`; a Ctrl-C meanwhile is remembered instead of raised. Returns whether one came.
+def _wait_holding_interrupts(done: threading.Event) -> int | None:
+    """Wait for `done`; a Ctrl-C meanwhile is remembered instead of raised, and so is a SIGTERM or SIGHUP whose
+    handler is Python code (a command line's: one that unwinds, cleaning up). Returns the signal that came.
 
     Not a try/except around `Thread.join`: an interrupted join marks a live thread as finished
     (CPython 3.11), and the interrupt could also land between two waits.
     """
     if threading.current_thread() is not threading.main_thread():  # signals only reach the main thread
         done.wait()
-        return False
-    interrupted = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
+        return None
+    held = [signal.SIGINT] + [getattr(signal, n) for n in ("SIGTERM", "SIGHUP")
+                              if hasattr(signal, n) and callable(signal.getsignal(getattr(signal, n)))]
+    caught: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in held}
     try:
         done.wait()
     finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
-    return interrupted.is_set()
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else
+                          (signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL))
+    return caught[0] if caught else None
 
 
 def write_checkpoint_files(tmp: Path, *, hf_config: Mapping[str, Any], params: Params, tokenizer_dir: str | Path,

@@ -74,6 +74,11 @@ class ModelConfig:
         for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
             if not 0 <= getattr(self, name) < self.vocab_size:
                 raise ConfigError(f"{name}={getattr(self, name)} is outside the vocabulary (vocab_size={self.vocab_size})")
+        for name, why in (("eos_token_id", "a generated end of text would read as a position still to generate"),
+                          ("pad_token_id", "padding would read as positions to generate")):
+            if getattr(self, name) == self.mask_token_id:  # eos == pad is fine (LLaDA pads with EOS)
+                raise ConfigError(f"{name}={getattr(self, name)} equals mask_token_id: {why}; the mask id must be a "
+                                  "token of its own")
         if self.family == "dream" and self.vocab_size != self.embedding_size:
             # Dream's config.json has one vocab_size (the embedding rows); the tokenizer knows fewer ids.
             raise ConfigError(f"a Dream config has vocab_size == embedding_size, got {self.vocab_size} "

@@ -30,6 +30,19 @@ from jaxtyping import Bool, Float, Int
 from localleap_jax.trace import Trace
 
 PAPER = {"stable_within_25pct": 0.637, "consistent_given_conf_gt_0.8": 0.978}  # LLaDA-8B, arXiv 2510.07081
+# What "stable within 25% of the passes" measures under each cache mode (decode/cache.py): which passes predict a
+# position. The paper's figure is without a cache, every pass predicting every position.
+STABLE_MEANING = {
+    "none": "every pass predicts every position, as in the paper (no cache)",
+    "prefix": "every pass predicts its block and everything after it, so every masked position at every pass as "
+              "without a cache, but through K/V cached once per block: close to, not the same as, the paper's setting",
+    "dual": "a pass predicts only its own block, so a position is predicted only once its block opens (after about "
+            "k/n of the row's passes for block k of n) and cannot be stable before: not comparable to the paper's "
+            "no-cache figure (trace with --cache none for that)",
+    "block": "a pass predicts only its own block (a block-diffusion model's exact cache), so a position is predicted "
+             "only once its block opens and cannot be stable before: not comparable to the paper's no-cache figure",
+}
+COMPARABLE_CACHES = ("none", "prefix")  # every masked position predicted at every pass
 CONFIDENCE_EDGES = np.arange(11) / 10  # ten bins of width 0.1 (i / 10: each edge is the float closest to it)
 FRACTION_EDGES = np.arange(21) / 20  # twenty bins of width 0.05 (Figure 1b's histogram)
 
@@ -285,10 +298,23 @@ def revocations(trace: Trace) -> dict:
             "by_clause": by_clause, "by_tenth_of_the_region": tenths.astype(int).tolist()}
 
 
-def summary(trace: Trace) -> dict:
-    """The two numbers the paper reports, with the counts behind them (JSON-able; NaN for 'no data')."""
+def observed_share(trace: Trace) -> float:
+    """Of the predictions a commit rule chose among (still masked, decided, one of the row's passes), the share the
+    passes computed: 1 without a cache, well below 1 under a cache that runs only the block. NaN when none."""
+    in_row = _pass_index(trace) < np.asarray(trace.passes)[:, None, None]
+    wanted = trace.masked & in_row & decided(trace)[:, None, :]
+    return float(scored(trace).sum() / wanted.sum()) if wanted.any() else float("nan")
+
+
+def summary(trace: Trace, cache: str | None = None) -> dict:
+    """The two numbers the paper reports, with the counts behind them (JSON-able; NaN for 'no data'). `cache`: the
+    cache mode the trace was decoded with, which decides what the stable share means (STABLE_MEANING)."""
     counted = scored(trace)
     return {
+        "cache": cache,
+        "comparable_to_paper": None if cache is None else cache in COMPARABLE_CACHES,
+        "stable_within_25pct_means": STABLE_MEANING.get(cache, "the traces do not record their cache mode"),
+        "observed_share_of_masked_predictions": observed_share(trace),
         "stable_within_25pct": stable_within(trace, 0.25),
         "consistent_given_conf_gt_0.8": consistent_given_confidence_above(trace, 0.8),
         "rows": int(trace.token.shape[0]),

@@ -90,11 +90,47 @@ def _env_int(environ, name: str) -> int | None:
     return int(text)
 
 
-def initialize(processes: Processes) -> None:
+JOIN_TIMEOUT_ENV = "LOCALLEAP_JOIN_TIMEOUT"
+DEFAULT_JOIN_TIMEOUT = 300.0  # seconds, JAX's own default initialization_timeout
+
+
+def join_timeout(environ=os.environ) -> float:
+    """How long a process waits for the others to join (LOCALLEAP_JOIN_TIMEOUT seconds; default 300)."""
+    text = environ.get(JOIN_TIMEOUT_ENV)
+    if text is None or not text.strip():
+        return DEFAULT_JOIN_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value < float("inf")):
+        raise DistributedError(f"{JOIN_TIMEOUT_ENV}={text!r}: expected a number of seconds > 0")
+    return value
+
+
+def missing_line(processes: Processes, where: str, timeout: float) -> str:
+    """What a process that waited `timeout` s to join says: who it was waiting for, and how to fix it."""
+    n, i = processes.num_processes, processes.process_id
+    hint = (f"start every process with the same command and its own --process-id, reaching {where}; "
+            f"{JOIN_TIMEOUT_ENV}=SECONDS waits longer")
+    if n is None or i is None:
+        return f"the processes did not all join through {where} within {timeout:g} s; {hint}"
+    if i == 0:
+        missing = ("process 1, which never joined" if n == 2 else
+                   f"processes 1 to {n - 1}, and not all of them joined")
+        return f"process 0 waited {timeout:g} s at {where} for {missing} (--num-processes {n}); {hint}"
+    return (f"process {i} of --num-processes {n} waited {timeout:g} s to join through {where}: process 0 (the "
+            f"coordinator) or another process never came; {hint}")
+
+
+def initialize(processes: Processes, timeout: float | None = None) -> None:
     """`jax.distributed.initialize` for `processes` (nothing for one process). Must come before anything
-    touches a JAX backend. On CPU the processes' collectives go through gloo."""
+    touches a JAX backend. On CPU the processes' collectives go through gloo. A process still waiting for the others
+    after `timeout` seconds (default: `join_timeout()`) ends in one line saying whom it waited for (`missing_line`),
+    before JAX's own timeout, which aborts in a C++ check failure after minutes of silence."""
     if not processes.joins:
         return
+    timeout = join_timeout() if timeout is None else timeout
     import jax
 
     from jax._src import xla_bridge  # the only way to ask "has a backend started" without starting one
@@ -106,14 +142,29 @@ def initialize(processes: Processes) -> None:
     # The preemption service would only add warnings when a peer dies; nothing here uses it.
     jax.config.update("jax_enable_preemption_service", False)
     where = "JAX's cluster detection" if processes.coordinator == "auto" else processes.coordinator
+    joined = threading.Event()
+
+    def give_up():  # JAX's own timeout is later (below): this line comes first, then the process ends
+        if not joined.is_set():
+            exit_lost(missing_line(processes, where, timeout))
+
+    watchdog = threading.Timer(timeout, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    jax_timeout = int(timeout) + 60
     try:
         if processes.coordinator == "auto":
-            jax.distributed.initialize(num_processes=processes.num_processes, process_id=processes.process_id)
+            jax.distributed.initialize(num_processes=processes.num_processes, process_id=processes.process_id,
+                                       initialization_timeout=jax_timeout)
         else:
             jax.distributed.initialize(coordinator_address=processes.coordinator,
-                                       num_processes=processes.num_processes, process_id=processes.process_id)
-    except (RuntimeError, ValueError) as e:  # unreachable coordinator (after JAX's 300 s), a taken port, ...
+                                       num_processes=processes.num_processes, process_id=processes.process_id,
+                                       initialization_timeout=jax_timeout)
+    except (RuntimeError, ValueError) as e:  # a taken port, a bad address, ...
         raise DistributedError(f"could not join the run through {where}: {first_line(e)}") from None
+    finally:
+        joined.set()
+        watchdog.cancel()
 
 
 def is_multiprocess() -> bool:
@@ -141,8 +192,9 @@ def process_count() -> int:
 
 
 @contextmanager
-def signals_deferred(signums=(signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
-    """Hold SIGINT/SIGTERM until the block ends, then deliver them to the handlers that were there.
+def signals_deferred(signums=tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+                     ) -> Iterator[None]:
+    """Hold SIGINT/SIGTERM/SIGHUP until the block ends, then deliver them to the handlers that were there.
 
     Around a step every process must take together: interrupted halfway, the others would wait in
     a collective forever. (A signal only reaches Python between bytecodes, so a running program
@@ -215,6 +267,6 @@ def exit_lost(message: str, status: int = EXIT_LOST) -> None:
     os._exit(status)
 
 
-__all__ = ["DistributedError", "EXIT_LOST", "FLAGS", "LostProcessError", "Processes", "all_succeed", "exit_lost",
-           "initialize", "is_follower", "is_multiprocess", "process_count", "process_index", "processes_from",
-           "signals_deferred"]
+__all__ = ["DEFAULT_JOIN_TIMEOUT", "DistributedError", "EXIT_LOST", "FLAGS", "JOIN_TIMEOUT_ENV", "LostProcessError",
+           "Processes", "all_succeed", "exit_lost", "initialize", "is_follower", "is_multiprocess", "join_timeout",
+           "missing_line", "process_count", "process_index", "processes_from", "signals_deferred"]

@@ -19,7 +19,7 @@ row: call it once per pass the row works, and `reset()` when the row enters a bl
 
 Common to all rules (the loop contract): commits are candidates, and a row that has candidates commits
 at least one: where the rule chooses none, its most confident candidate (highest conf, lowest position
-on ties) commits under the clause "top1". Rules that rank by confidence (low_confidence, threshold,
+on ties) commits under the clause "forced" (the loop's, not the rule's). Rules that rank by confidence (low_confidence, threshold,
 localleap, factor, stable) always commit that candidate as "top1" themselves; rules that rank by another
 signal (eb, margin, entropy) or commit only what is ready (klass) do not, as in their published forms.
 Ranking ties go to the lowest position. Clause names: the first clause, in each rule's `clauses` order,
@@ -33,6 +33,8 @@ import math
 from typing import Iterable, Sequence
 
 import numpy as np
+
+FORCED = "forced"  # the clause of a commit only the loop contract made (the rule chose none); as in the traces
 
 
 def schedule_quota(step_in_block: int, *, steps: int | None, gen_length: int, block_length: int) -> int:
@@ -133,7 +135,7 @@ class Rule:
         for i in sorted(chosen):
             out.setdefault(i, chosen[i])
         if not out:  # the loop contract: at least one commit per working row
-            out = {top1: "top1"}
+            out = {top1: FORCED}
         assert set(out) <= set(cand), (self.name, out, cand)
         return out
 
@@ -256,28 +258,37 @@ class LocalLeap(Rule):
 
 
 class Factor(Rule):
-    """Fast-dLLM's factor rule: the top n candidates by confidence, n the largest with
-    (r + 1) * (1 - c_r) <= f for every rank r = 2..n (1-based, c sorted descending; rank 1 always)
-    (NVlabs/Fast-dLLM llada/generate.py, get_transfer_index_dynamic; its last-index quirk is not
-    followed, see the rules spec)."""
+    """Fast-dLLM's factor rule as its code runs (NVlabs/Fast-dLLM llada/generate.py, get_transfer_index_dynamic):
+    thresholds 1 - f / (n + 1) for n = 1..len (the first replaced by -1), the sorted confidences walked until the
+    first below its threshold; that index top_i is bumped by one when it is 0 or the last, and the top top_i
+    commit (so a failing last candidate commits, and two candidates always both do). `textbook=1`: no bump,
+    the longest passing prefix (at least one)."""
 
     name, clauses = "factor", ("top1", "factor")
-    defaults = {"f": 1.0}
+    defaults = {"f": 1.0, "textbook": 0}
 
     def validate(self):
         if not (_is_real(self.f) and self.f > 0):
             raise ValueError(f"f={self.f!r} must be > 0")
+        if self.textbook not in (0, 1):
+            raise ValueError(f"textbook={self.textbook!r} must be 0 or 1")
         return self
 
     def _select(self, step, cand, probs, pred, conf, margin, entropy, top1):
         ranked = _by(conf, cand, True)
-        n = 1
-        for r in range(2, len(ranked) + 1):  # r: 1-based rank
-            if (r + 1) * (1.0 - conf[ranked[r - 1]]) <= self.f:
-                n = r
-            else:
+        threshs = [1.0 - self.f / (n + 1) for n in range(1, len(ranked) + 1)]
+        threshs[0] = -1.0  # always transfer at least one token
+        if self.textbook:  # the longest passing prefix
+            n = 1
+            while n < len(ranked) and conf[ranked[n]] >= threshs[n]:
+                n += 1
+            return {i: "factor" for i in ranked[:n]}
+        for top_i in range(len(threshs)):  # the authors' loop, as written
+            if conf[ranked[top_i]] < threshs[top_i]:
                 break
-        return {i: "factor" for i in ranked[:n]}
+        if top_i == 0 or top_i == len(threshs) - 1:
+            top_i += 1
+        return {i: "factor" for i in ranked[:top_i]}
 
 
 class EntropyBounded(Rule):

@@ -104,6 +104,7 @@ class Tokenizer:
                                            add_generation_prompt=True)
 
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
+        check_prompt(prompt, "the prompt")
         text = self.chat(prompt) if chat else prompt
         # The chat template already holds BOS; never let the tokenizer add its own specials.
         return self.hf(text, add_special_tokens=False)["input_ids"]
@@ -111,8 +112,11 @@ class Tokenizer:
     def encode_batch(self, prompts: Sequence[str], chat: bool = True, pad_to_multiple_of: int = 1
                      ) -> tuple[np.ndarray, np.ndarray]:
         """Left-padded ids [B, Lp] int32 and a mask [B, Lp] bool that is True on real tokens."""
-        if isinstance(prompts, str):
-            raise TypeError("encode_batch takes a list of prompts, not one string")
+        if isinstance(prompts, (str, bytes, bytearray)) or prompts is None or not hasattr(prompts, "__iter__"):
+            raise TypeError(f"encode_batch takes a list of prompts (str), not {_what(prompts)}")
+        prompts = list(prompts)
+        for i, p in enumerate(prompts):
+            check_prompt(p, f"prompt {i}")
         encoded = [self.encode(p, chat) for p in prompts]
         return left_pad(encoded, self.pad_id, pad_to_multiple_of)
 
@@ -126,6 +130,20 @@ class Tokenizer:
 
     def save(self, path: str | Path) -> None:
         self.hf.save_pretrained(str(path))
+
+
+def _what(value) -> str:
+    return "None" if value is None else f"{type(value).__name__} {value!r:.40}"
+
+
+def check_prompt(prompt, what: str) -> None:
+    """A prompt is text: None, bytes, token ids or anything else is refused in one line naming what was given."""
+    if isinstance(prompt, str):
+        return
+    hint = (" (decode it first: .decode('utf-8'))" if isinstance(prompt, (bytes, bytearray))
+            else " (token ids go to ll.generate directly, left-padded with their mask)"
+            if isinstance(prompt, (list, tuple)) or hasattr(prompt, "dtype") else "")
+    raise TypeError(f"{what} is {_what(prompt)}; a prompt must be a str{hint}")
 
 
 def cut_at_stop(ids: Iterable[int], stop_ids: Sequence[int]) -> list[int]:

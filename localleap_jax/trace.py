@@ -24,12 +24,17 @@ import numpy as np
 from jaxtyping import Bool, Float, Int
 
 
+# The last clause name of every trace from the loop: a commit only the loop's contract made (a working row whose
+# rule chose nothing commits its most confident candidate). Distinct from a rule's own "top1" clause.
+FORCED = "forced"
+
+
 class Trace(NamedTuple):
     pred: Int[np.ndarray, "B S G"]  # prediction at each generated position at pass s (-1: not computed)
     conf: Float[np.ndarray, "B S G"]  # its confidence (softmax probability), NaN where not computed
     committed: Bool[np.ndarray, "B S G"]  # the position took its prediction at pass s
     clause: Int[np.ndarray, "B S G"]  # 0: not committed at s; k > 0: committed by clause_names[k - 1]
-    clause_names: tuple[str, ...]  # what the rule calls its clauses ("commit" when it does not say)
+    clause_names: tuple[str, ...]  # the rule's clause names ("commit" when it does not say), then FORCED
     token: Int[np.ndarray, "B G"]  # the final generated tokens
     commit_pass: Int[np.ndarray, "B G"]  # the pass at which each position committed; -1: never (early-stop fill)
     passes: Int[np.ndarray, "B"]  # valid passes per row (its NFE)

@@ -161,10 +161,21 @@ CASES: list[Case] = [
          (Step(conf=(0.75, 0.9375, 0.5, 0.875, 0.75), expect={1: "top1", 3: "factor", 0: "factor"}),),
          note="ranks 1..5 = positions 1, 3, 0, 4, 2 (0 and 4 tie: 0 first); rank 2: 3 * 0.125 = 0.375 <= 1; "
               "rank 3: 4 * 0.25 = 1 <= 1 (equality commits); rank 4: 5 * 0.25 = 1.25 > 1 stops"),
-    Case("factor/last_index_quirk_not_followed", "factor", {"f": 1.0},
-         (Step(conf=(0.9375, 0.875, 0.25), expect={0: "top1", 1: "factor"}),),
-         note="rank 3 is the last and fails (4 * 0.75 = 3 > 1). Fast-dLLM's get_transfer_index_dynamic commits "
-              "it anyway (top_i == len(threshs) - 1 -> top_i += 1); the formula in issue #9 does not"),
+    Case("factor/failing_last_candidate_commits_as_the_authors_code", "factor", {"f": 1.0},
+         (Step(conf=(0.9375, 0.875, 0.25), expect={0: "top1", 1: "factor", 2: "factor"}),),
+         note="rank 3 is the last and fails (0.25 < 1 - 1/4). Fast-dLLM's get_transfer_index_dynamic commits "
+              "it anyway (top_i == len(threshs) - 1 -> top_i += 1): the default, as their published numbers"),
+    Case("factor/two_candidates_both_commit", "factor", {"f": 1.0},
+         (Step(conf=(0.9375, 0.125, 0.5), candidates=(0, 1), expect={0: "top1", 1: "factor"}),),
+         note="two candidates: rank 2 fails (0.125 < 1 - 1/3) and is the last, so both commit"),
+    Case("factor/a_failure_before_the_last_stops", "factor", {"f": 1.0},
+         (Step(conf=(0.9375, 0.25, 0.9375, 0.125), expect={0: "top1", 2: "factor"}),),
+         note="ranks 0 (0.9375), 2 (0.9375), 1 (0.25), 3: rank 3 fails (0.25 < 0.75) with one more after it: "
+              "the top two only, branch or not"),
+    Case("factor/textbook_leaves_a_failing_last_candidate", "factor", {"f": 1.0, "textbook": 1},
+         (Step(conf=(0.9375, 0.875, 0.25), expect={0: "top1", 1: "factor"}),
+          Step(conf=(0.9375, 0.125, 0.5), candidates=(0, 1), expect={0: "top1"})),
+         note="textbook=1: the formula alone, (i + 1)(1 - c_(i)) <= f for every rank i <= n"),
     Case("factor/equality_at_rank_2", "factor", {"f": 0.75},
          (Step(conf=(0.75, 0.875, 0.75, 0.5), expect={1: "top1", 0: "factor"}),),
          note="rank 2 (position 0): 3 * 0.25 = 0.75 <= 0.75; rank 3 (position 2): 4 * 0.25 = 1 > 0.75"),

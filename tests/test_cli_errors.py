@@ -217,6 +217,9 @@ LLADA_CASES = [
     ("config-not-json", _write("config.json", "{d_model: 64"), [], "config.json is not valid JSON"),
     ("eos-outside", _edit_config("eos_token_id", 100000), [], "eos_token_id=100000 is outside the vocabulary"),
     ("mask-negative", _edit_config("mask_token_id", -1), [], "mask_token_id=-1 must be >= 0"),
+    ("mask-equals-eos", lambda src: _edit_config("mask_token_id", json.loads((src / "config.json").read_text())[
+        "eos_token_id"])(src), [], "equals mask_token_id: a generated end of text would read as a position "
+                                  "still to generate"),
     ("eos-list", _edit_config("eos_token_id", [3, 4]), [], "eos_token_id=[3, 4] must be an integer"),
     ("rope_theta-negative", _edit_config("rope_theta", -5.0), [], "rope_theta=-5.0 must be a positive number"),
     ("rope_scaling", _edit_config("rope_scaling", {"type": "linear", "factor": 2.0}), [], "rope_scaling"),
@@ -238,6 +241,8 @@ DREAM_CASES = [
     ("heads-string", _edit_config("num_attention_heads", "14"), [], "num_attention_heads='14' must be an integer"),
     ("tied-head", _edit_config("tie_word_embeddings", True), [], "tie_word_embeddings"),
     ("pad-outside", _edit_config("pad_token_id", 320), [], "pad_token_id=320 is outside the vocabulary"),
+    ("dream-pad-equals-mask", lambda src: _edit_config("pad_token_id", json.loads((src / "config.json").read_text())[
+        "mask_token_id"])(src), [], "equals mask_token_id: padding would read as positions to generate"),
 ]
 
 
@@ -355,8 +360,13 @@ MOMENTS = {
 }
 
 
-@pytest.mark.parametrize("moment", list(MOMENTS))
-def test_ctrl_c_at_any_moment_leaves_no_partial_directory(tmp_path, big_source, moment):
+# A scheduler's SIGTERM and a closed terminal's SIGHUP end a conversion as Ctrl-C does (issue #22): at two moments
+# each, the Orbax write (its thread waited for) and tensor copying.
+SIGNALS = [(m, "SIGINT") for m in MOMENTS] + [("orbax-write", "SIGTERM"), ("copying", "SIGHUP")]
+
+
+@pytest.mark.parametrize("moment, signame", SIGNALS, ids=[m if s == "SIGINT" else f"{m}-{s}" for m, s in SIGNALS])
+def test_ctrl_c_at_any_moment_leaves_no_partial_directory(tmp_path, big_source, moment, signame):
     stage, delay = MOMENTS[moment]
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "convert.llada", str(big_source), str(out), "--quiet"], cwd=REPO,
@@ -366,7 +376,7 @@ def test_ctrl_c_at_any_moment_leaves_no_partial_directory(tmp_path, big_source, 
         time.sleep(0.001)
     reached = _stage(tmp_path)
     time.sleep(delay)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, signame))
     _, err = proc.communicate(timeout=300)
     time.sleep(1.0)  # anything still writing in the background would show up now
     leftovers = _partial_dirs(tmp_path)
@@ -379,7 +389,8 @@ def test_ctrl_c_at_any_moment_leaves_no_partial_directory(tmp_path, big_source, 
     else:
         assert not out.exists()
         assert proc.returncode == 130, err[-2000:]
-        assert err.strip().splitlines() in ([f"error: interrupted; nothing was written to {out}"],
+        named = "" if signame == "SIGINT" else f" ({signame})"
+        assert err.strip().splitlines() in ([f"error: interrupted{named}; nothing was written to {out}"],
                                             ["error: interrupted before anything was written"]), err[-2000:]
 
 
@@ -427,6 +438,12 @@ ROWS = [
     ("data-row-without-keys", "eval --data {tmp}/bad.jsonl", r"^--data \S*/bad.jsonl:2 needs the keys 'question' and 'answer'"),
     ("data-not-json", "eval --data {tmp}/notjson.jsonl", r"^--data \S*/notjson.jsonl:1 is not valid JSON"),
     ("data-empty", "eval --data {tmp}/empty.jsonl", r"^--data \S*/empty.jsonl holds no problems$"),
+    ("data-rows-without-a-gold-answer", "eval --data {tmp}/garbled.jsonl",
+     r"^--data \S*/garbled.jsonl: 3 of 4 problems cannot be used \(line 2: its answer has no '#### N' \(the gold "
+     r"number the scorer reads\); lines 3, 4 too\); fix or remove them$"),
+    ("fewshot-data-gold-not-a-number", "eval --data {tmp}/good.jsonl --fewshot-data {tmp}/notanumber.jsonl",
+     r"^--fewshot-data \S*/notanumber.jsonl: 1 of 1 problems cannot be used \(line 1: its gold '#### seven' is not "
+     r"a number\)"),
     ("fewshot-data-bad", "eval --data {tmp}/good.jsonl --fewshot-data {tmp}/bad.jsonl",
      r"^--fewshot-data \S*/bad.jsonl:2 needs the keys"),
     ("fewshot-examples-too-few", "eval --data {tmp}/good.jsonl --num-fewshot 3",
@@ -485,6 +502,10 @@ def inputs(tmp_path_factory):
     (tmp / "bad.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n{"question": "q"}\n')
     (tmp / "notjson.jsonl").write_text("{oops\n")
     (tmp / "empty.jsonl").write_text("\n")
+    (tmp / "garbled.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [  # each a gold the scorer cannot read
+        {"question": "q", "answer": "#### 1"}, {"question": "q", "answer": "one"}, {"question": "q", "answer": None},
+        {"question": "q", "answer": "#### seven"}]))
+    (tmp / "notanumber.jsonl").write_text(json.dumps({"question": "q", "answer": "#### seven"}) + "\n")
     (tmp / "afile").write_text("not a directory\n")
     tasks = tmp / "tasks"
     tasks.mkdir()

@@ -28,6 +28,10 @@ def _drop(cfg, key):
     ({**LLADA, "eos_token_id": 300}, "eos_token_id=300 is outside the vocabulary"),
     ({**LLADA, "pad_token_id": 1000}, "pad_token_id=1000 is outside the vocabulary"),
     ({**LLADA, "mask_token_id": 300}, "mask_token_id=300 is outside the vocabulary"),
+    ({**LLADA, "mask_token_id": 0}, "eos_token_id=0 equals mask_token_id: a generated end of text would read as a "
+                                    "position still to generate"),
+    ({**LLADA, "pad_token_id": 2}, "pad_token_id=2 equals mask_token_id: padding would read as positions to generate"),
+    ({**LLADA, "pad_token_id": 5, "eos_token_id": 2}, "eos_token_id=2 equals mask_token_id"),  # pad apart: no guard
     ({**LLADA, "eos_token_id": None}, "missing eos_token_id"),
     ({**LLADA, "rms_norm_eps": 0}, "rms_norm_eps=0 must be a positive number"),
     ({**LLADA, "rope_theta": "1e4"}, "rope_theta='1e4' must be a positive number"),
@@ -45,6 +49,7 @@ def _drop(cfg, key):
     ({**DREAM, "max_position_embeddings": 0}, "max_position_embeddings=0 must be >= 1"),
     ({**DREAM, "rms_norm_eps": -1e-6}, "rms_norm_eps=-1e-06 must be a positive number"),
     ({**DREAM, "mask_token_id": 320}, "mask_token_id=320 is outside the vocabulary"),
+    ({**DREAM, "pad_token_id": 299}, "pad_token_id=299 equals mask_token_id"),
     ({**DREAM, "eos_token_id": [296, 297]}, "eos_token_id=[296, 297] must be an integer"),
     (_drop(DREAM, "mask_token_id"), "missing mask_token_id"),
     ({**DREAM, "attention_bias": "yes"}, "attention_bias='yes' must be true or false"),

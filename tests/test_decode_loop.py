@@ -193,7 +193,36 @@ def test_the_loop_enforces_the_rule_contract():
                       ll.DecodeConfig(strategy=lazy, gen_length=G, block_length=T), trace=True)
     np.testing.assert_array_equal(out.tokens[0, out.prompt_length:], words[0])
     assert out.nfe[0] == G  # exactly one (forced) commit per pass
-    assert out.trace.clause_names[-1] == "top1" and set(np.unique(out.trace.clause[0])) == {0, 2}
+    assert out.trace.clause_names == ("commit", "forced") and set(np.unique(out.trace.clause[0])) == {0, 2}
+
+
+def test_trace_clause_names_are_distinct_and_the_forced_commit_is_the_loops():
+    """LocalLeap names its own most-confident commit "top1"; the loop's forced commit (a row whose rule chose
+    nothing) is "forced", so a clause count never merges the two (issue #22)."""
+    words = _words(1)
+    out = ll.generate(scripted(words, np.full((1, G), 0.6)), *prompts(1),
+                      ll.DecodeConfig(strategy="localleap", gen_length=G, block_length=T), trace=True)
+    assert out.trace.clause_names == ("top1", "anchor", "relaxed", "forced")
+    names = out.trace.clause_names
+    assert {names[c - 1] for c in out.trace.clause[0][out.trace.committed[0]]} == {"top1"}  # LocalLeap's own
+    for name in ll.rules.RULES:
+        rule = ll.rule(name)
+        assert len(set(rule.clause_names + ("forced",))) == len(rule.clause_names) + 1, name
+
+
+@pytest.mark.parametrize("ids, mask, message", [
+    ([[5, 6, 7], [8, 9]], None, r"^ids is ragged \(row 0 has 3 ids, row 1 has 2\): left-pad the rows and pass "
+                                r"their mask \(localleap_jax.tokenizer.left_pad\(rows, pad_id\), or ids, mask = "),
+    (None, None, r"^ids is None; expected token ids \[batch, prompt_length\] \(encode prompts first"),
+    (b"2 + 2", None, r"^ids is bytes, not token ids \[batch, prompt_length\]"),
+    (["2 + 2"], None, r"^ids\[0\] is str, not a row of token ids"),
+    ([[5, 6], [7, 8]], [[True, True], [True]], r"^mask is ragged \(row 0 has 2 values, row 1 has 1\)"),
+])
+def test_inputs_that_are_not_left_padded_ids_are_named(ids, mask, message):
+    """One line naming what was given (numpy's "inhomogeneous shape" or a shape of () before, issue #22)."""
+    cfg = ll.DecodeConfig(strategy="threshold", gen_length=G, block_length=T)
+    with pytest.raises(ll.DecodeError, match=message):
+        ll.generate(scripted(_words(1), np.full((1, G), 0.6)), ids, mask, cfg)
 
 
 def test_per_row_settings_equal_each_row_run_alone():

@@ -317,6 +317,38 @@ def test_script_analyses_saved_traces(tmp_path, capsys):
     assert "37.5%" in printed and "63.7%" in printed and "83.3%" in printed and "97.8%" in printed
 
 
+@pytest.mark.parametrize("cache, comparable", [("none", True), ("dual", False), ("block", False)])
+def test_the_stable_share_says_what_it_means_under_each_cache(tmp_path, capsys, cache, comparable):
+    """Issue #22: under --cache dual a position is predicted only once its block opens, and its "stable within 25%"
+    stood next to the paper's no-cache figure without a caveat."""
+    import json
+
+    import analyze_dynamics
+
+    (tmp_path / "traces").mkdir()
+    _write_runs(tmp_path / "traces", {"checkpoint": "ck", "decode": {"strategy": "low_confidence", "cache": "auto"},
+                                      "cache_mode": cache})
+    assert analyze_dynamics.main(["--from-traces", str(tmp_path / "traces"), "--output", str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / "dynamics.json").read_text())
+    assert result["cache"] == cache and result["comparable_to_paper"] is comparable
+    assert result["stable_within_25pct_means"] == dyn.STABLE_MEANING[cache]
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: stable share")]
+    if comparable:
+        assert notes == []
+    else:
+        (note,) = notes
+        assert note.startswith(f"note: stable share with --cache {cache}: a pass predicts only its own block")
+        assert "not comparable to the paper's no-cache figure" in note
+    figure = json.loads((tmp_path / "out" / "figure1b.json").read_text())
+    assert figure["cache"] == cache and figure["means"] == dyn.STABLE_MEANING[cache]
+
+
+def test_the_observed_share_counts_the_masked_predictions_a_pass_computed(stable_trace):
+    # Row A: decided positions 0, 1, 2, 3, 5 masked through their commit passes 6, 0, 3, 5, 4: 7+1+4+6+5 = 23
+    # entries, of which position 5's passes 0 and 2 were not computed; row B: 6 entries, all computed.
+    assert dyn.observed_share(stable_trace) == pytest.approx(27 / 29)
+
+
 @pytest.mark.parametrize("make_args, message", [
     (lambda t: ["--from-traces", str(t / "nope.npz")], "no such file or directory"),
     (lambda t: ["--from-traces", str(t / "empty")], "holds no .npz trace files"),

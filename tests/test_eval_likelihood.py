@@ -35,3 +35,17 @@ def test_mistakes_end_in_one_line(tmp_path, capsys, argv, message):
     assert eval_likelihood.main([*argv, "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and re.search(message, err[0]), err
+
+
+def test_two_checkpoints_of_one_name_get_default_outputs_of_their_own(tmp_path, capfd, monkeypatch):
+    """Issue #22: results/likelihood-<basename> was shared by two checkpoints of one name."""
+    import shutil
+
+    from localleap_jax.checkpoint import EMBEDDED
+    from test_eval_gsm8k import _default_outputs, _other_model
+
+    a, b = tmp_path / "a" / "model", tmp_path / "b" / "model"
+    shutil.copytree(EMBEDDED, a)
+    _other_model(b)
+    named = _default_outputs(eval_likelihood.main, eval_likelihood, tmp_path, [a, b], capfd, monkeypatch, "results")
+    assert named[0] != named[1] and all("/likelihood-model-" in n for n in named), named

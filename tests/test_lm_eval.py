@@ -353,6 +353,17 @@ def test_over_long_prompts_are_refused_before_anything_is_generated(embedded):
     assert lm.model_calls == 0
 
 
+@pytest.mark.parametrize("context, message", [
+    (None, r"^request 1's context is None; a prompt must be a str$"),
+    (b"Question: 1 + 1?", r"^request 1's context is bytes b'Question: 1 \+ 1\?'; a prompt must be a str \(decode it"),
+])
+def test_a_context_that_is_not_text_is_named_before_anything_is_generated(embedded, context, message):
+    lm = LocalLeapLM(model=embedded, compile_cache=False, progress=False, **DECODE)
+    with pytest.raises(TypeError, match=message):
+        lm.generate_until(_ask(QUESTION, context))
+    assert lm.model_calls == 0
+
+
 def _gsm8k_context(examples, question, description=""):
     """A context laid out as lm-eval's gsm8k task lays it out (doc_to_text, target delimiter " ", "\\n\\n")."""
     shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in examples)

@@ -116,7 +116,7 @@ def test_steps_must_fit_the_decode_shape(name):
 @pytest.mark.parametrize("name", sorted(R.RULES))
 def test_defaults_are_valid_and_the_documented_ones(name):
     want = {"low_confidence": {"steps": None}, "threshold": {"kappa": 0.9},
-            "localleap": {"kappa": 0.9, "tau": 0.75, "radius": 4}, "factor": {"f": 1.0}, "eb": {"gamma": 0.01},
+            "localleap": {"kappa": 0.9, "tau": 0.75, "radius": 4}, "factor": {"f": 1.0, "textbook": 0}, "eb": {"gamma": 0.01},
             "dynamic": {"threshold": 0.85, "steps": None},
             "margin": {"steps": None}, "entropy": {"steps": None},
             "klass": {"tau_c": 0.9, "tau_kl": 0.01, "history": 2, "steps": None}, "stable": {"k": 2, "c_min": 0.5}}
@@ -172,7 +172,7 @@ def test_rules_keep_the_loop_contract_on_random_steps():
             assert set(got) <= set(np.flatnonzero(cand)) and got, name
             if rule.commits_top1:
                 assert got[top1] == "top1", name
-            assert set(got.values()) <= set(rule.clauses) | {"top1"}, name
+            assert set(got.values()) <= set(rule.clauses) | {R.FORCED}, name
     for name in ("klass", "stable"):
         assert copies[name].run is None  # never touched by the original's passes
 
@@ -236,7 +236,7 @@ def test_eager_generate_runs_every_rule_and_counts_every_clause(sharp_torch, nam
     print(name, stats)
     clause_counts = {c: stats.get(c, 0) for c in rule.clauses}
     assert all(n > 0 for n in clause_counts.values()), clause_counts
-    assert sum(stats.get(c, 0) for c in {*rule.clauses, "top1"}) == G * len(PROMPTS)  # each position once
+    assert sum(stats.get(c, 0) for c in {*rule.clauses, R.FORCED}) == G * len(PROMPTS)  # each position once
 
 
 def test_old_strategy_names_and_rule_objects_decode_the_same(sharp_torch):

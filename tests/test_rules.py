@@ -128,25 +128,49 @@ def test_schedule_quota_spreads_the_block_with_the_remainder_first():
     assert int(s.quota(None)[0]) == 1
 
 
+def get_transfer_index_dynamic(conf_row, cand_row, factor):
+    """NVlabs/Fast-dLLM llada/generate.py's loop for one row, as written (thresholds in float32, as ours)."""
+    sorted_conf = sorted((conf_row[i] for i in np.flatnonzero(cand_row)), reverse=True)
+    ns = list(range(1, len(sorted_conf) + 1))
+    threshs = [np.float32(1) - np.float32(factor) / np.float32(n + 1) for n in ns]
+    threshs[0] = -1
+    for top_i in range(len(threshs)):
+        if sorted_conf[top_i] < threshs[top_i]:
+            break
+    if top_i == 0 or top_i == len(threshs) - 1:
+        top_i += 1
+    return top_i
+
+
+LAST_FAILS = (np.array([[0.9, 0.8, 0.75, 0.5] + [0.0] * 8] * B, np.float32), np.array([[True] * 4 + [False] * 8] * B))
+
+
 @given(confs, cands, st.floats(0.0625, 4.0, width=32))
-@example(np.array([[0.9, 0.8, 0.75, 0.5] + [0.0] * 8] * B, np.float32), np.array([[True] * 4 + [False] * 8] * B),
-         1.0)  # (i + 1)(1 - c_i) = 0.3, 0.6, 1.0 (== f), 2.5: the first three commit
-def test_factor_takes_the_longest_prefix_within_the_factor(conf, cand, f):
+@example(*LAST_FAILS, 1.0)  # ranks 2, 3 pass (0.75 == 1 - 1/4), the last (0.5 < 0.8) fails: the authors commit all 4
+@example(np.array([[0.9, 0.1] + [0.0] * 10] * B, np.float32), np.array([[True] * 2 + [False] * 10] * B), 1.0)
+def test_factor_is_fast_dllms_get_transfer_index_dynamic(conf, cand, f):
+    """Default: the authors' code (a failing last candidate commits); textbook=1: the longest passing prefix."""
     got = commits(ll.rule("factor", f=f), signals(conf, cand))
+    textbook = commits(ll.rule("factor", f=f, textbook=1), signals(conf, cand))
     f32 = np.float32(f)
     for r in range(B):
         ranked = sorted(np.flatnonzero(cand[r]), key=lambda i: (-conf[r, i], i))
+        if not ranked:
+            assert not got[r].any() and not textbook[r].any()
+            continue
+        assert set(np.flatnonzero(got[r])) == set(ranked[:get_transfer_index_dynamic(conf[r], cand[r], f)]), r
         n = 0
         for i, pos in enumerate(ranked, start=1):  # 1-indexed rank
-            if i > 1 and (np.float32(i + 1) * (np.float32(1) - conf[r, pos])) > f32:
+            if i > 1 and conf[r, pos] < np.float32(1) - f32 / np.float32(i + 1):
                 break
             n = i
-        assert set(np.flatnonzero(got[r])) == set(ranked[:n]), r
+        assert set(np.flatnonzero(textbook[r])) == set(ranked[:n]), r
 
 
-def test_factor_boundary_example_commits_exactly_three():
+def test_factor_boundary_example_commits_all_four_as_the_authors_and_three_textbook():
     conf = np.array([[0.9, 0.8, 0.75, 0.5]], np.float32)
-    assert commits(ll.rule("factor", f=1.0), signals(conf))[0].tolist() == [True, True, True, False]
+    assert commits(ll.rule("factor", f=1.0), signals(conf))[0].tolist() == [True, True, True, True]
+    assert commits(ll.rule("factor:f=1,textbook=1"), signals(conf))[0].tolist() == [True, True, True, False]
     assert commits(ll.rule("factor", f=0.99), signals(conf))[0].tolist() == [True, True, False, False]
 
 
@@ -253,6 +277,7 @@ def test_combinators_thread_their_sub_states():
     ("eb:gamma=lots", "'lots' is not a number"),
     ("stable:k=0", r"k=0 must lie in \[1, inf\)"),
     ("factor:f=0", r"f=0 must lie in \(0, inf\)"),
+    ("factor:textbook=2", r"textbook=2 must lie in \[0, 1\]"),
 ])
 def test_bad_rule_settings_are_named(spec, message):
     with pytest.raises(ll.DecodeError, match=message):

@@ -32,6 +32,20 @@ def test_encode_batch_left_pads_with_a_mask(converted):
         tok.encode_batch("one string")
 
 
+@pytest.mark.parametrize("prompts, message", [
+    (["hi", None], r"^prompt 1 is None; a prompt must be a str$"),
+    ([b"hi"], r"^prompt 0 is bytes b'hi'; a prompt must be a str \(decode it first: \.decode\('utf-8'\)\)$"),
+    ([[5, 6]], r"^prompt 0 is list \[5, 6\]; a prompt must be a str \(token ids go to ll.generate directly"),
+    (None, r"^encode_batch takes a list of prompts \(str\), not None$"),
+    (b"hi", r"^encode_batch takes a list of prompts \(str\), not bytes"),
+])
+def test_prompts_that_are_not_text_are_named(converted, prompts, message):
+    """None, bytes or ids once encoded as "None" / "b'hi'" / "[5, 6]" text, silently (issue #22)."""
+    tok = ll.load(converted, dtype="float32").tokenizer
+    with pytest.raises(TypeError, match=message):
+        tok.encode_batch(prompts)
+
+
 def test_pad_equal_to_mask_is_refused(tiny_tokenizer):
     with pytest.raises(TokenizerError, match="pad id .* equals the mask id"):
         Tokenizer(tiny_tokenizer, mask_id=tiny_tokenizer.mask_token_id, eos_id=tiny_tokenizer.eos_token_id,

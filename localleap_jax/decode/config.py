@@ -271,3 +271,39 @@ def check_grid_steps(rule, prompt_lengths, gen_length: int, block_length: int) -
     if low < blocks:
         raise DecodeError(f"{rule.name}: steps={low} < the {blocks} blocks a row decodes (gen_length {gen_length} "
                           f"on the model's grid of {block_length}): every block needs a step")
+
+
+_ENCODE_HINT = "encode prompts first: ids, mask = model.tokenizer.encode_batch(prompts)"
+
+
+def _rectangular(value, what: str) -> np.ndarray:
+    """`value` as an array, refused in one line when it is None, text, or rows of different lengths."""
+    if value is None:
+        raise DecodeError(f"{what} is None; expected token ids [batch, prompt_length] ({_ENCODE_HINT})")
+    if isinstance(value, (str, bytes, bytearray)):
+        raise DecodeError(f"{what} is {type(value).__name__}, not token ids [batch, prompt_length] ({_ENCODE_HINT})")
+    if isinstance(value, (list, tuple)):
+        lengths = []
+        for i, row in enumerate(value):
+            if row is None or isinstance(row, (str, bytes, bytearray)):
+                raise DecodeError(f"{what}[{i}] is {type(row).__name__}, not a row of token ids ({_ENCODE_HINT})")
+            lengths.append(len(row) if hasattr(row, "__len__") else None)
+        if len(set(lengths)) > 1:
+            first = lengths[0]
+            other = next(i for i, n in enumerate(lengths) if n != first)
+            unit = "ids" if what == "ids" else "values"
+            raise DecodeError(f"{what} is ragged (row 0 has {first} {unit}, row {other} has {lengths[other]}): left-pad "
+                              "the rows and pass their mask (localleap_jax.tokenizer.left_pad(rows, pad_id), or "
+                              f"{_ENCODE_HINT.split(': ')[1]})")
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError) as e:  # raggedness deeper down
+        raise DecodeError(f"{what} is not a rectangular array ({str(e).splitlines()[0] if str(e) else e!r})") from None
+
+
+def prompt_arrays(ids, mask) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, mask) as numpy arrays of the user's values (mask None: all True), refused in one line naming what
+    was given when either is None, text, or ragged. Shapes and dtypes are checked by the caller."""
+    ids = _rectangular(ids, "ids")
+    mask = np.ones(ids.shape, bool) if mask is None else _rectangular(mask, "mask").astype(bool)
+    return ids, mask

@@ -21,7 +21,7 @@ from jaxtyping import Array, Float, Int
 from localleap_jax.decode.canvas import Region
 from localleap_jax.decode.step import Scoring, StepResult, predict
 from localleap_jax.denoiser import SpecialIds
-from localleap_jax.trace import Trace
+from localleap_jax.trace import FORCED, Trace
 
 
 class Recorder(Protocol):
@@ -104,7 +104,7 @@ class TraceRecorder:
         clause = np.asarray(state.clause)
         G = clause.shape[2]
         return Trace(pred=np.asarray(state.pred), conf=np.asarray(state.conf), committed=clause > 0, clause=clause,
-                     clause_names=tuple(clause_names) + ("top1",),  # the last: a commit only the loop's contract made
+                     clause_names=tuple(clause_names) + (FORCED,),  # the last: a commit only the loop's contract made
                      token=np.asarray(x)[:, prompt_length:prompt_length + G],
                      commit_pass=np.asarray(state.commit_pass), passes=np.asarray(nfe),
                      remask_names=tuple(remask_names))

@@ -23,7 +23,7 @@ import numpy as np
 from localleap_jax.compile_cache import compile_once, signature
 from localleap_jax.config import ModelConfig
 from localleap_jax.decode.canvas import grid_tail
-from localleap_jax.decode.config import DecodeConfig, check_grid_steps, check_room
+from localleap_jax.decode.config import DecodeConfig, check_grid_steps, check_room, prompt_arrays
 from localleap_jax.decode.loop import LoopOutput, decode_loop
 from localleap_jax.decode.slots import decode_slots
 from localleap_jax.rules import DecodeError
@@ -55,8 +55,7 @@ class Generation:
 def prepare_inputs(ids, mask, cfg: DecodeConfig, config: ModelConfig, rng) -> tuple[np.ndarray, np.ndarray, int]:
     """Validate user inputs and left-pad prompts to the bucket; returns (ids, mask, pad added)."""
     cfg.validate(config)
-    ids = np.asarray(ids)
-    mask = np.ones(ids.shape, bool) if mask is None else np.asarray(mask).astype(bool)
+    ids, mask = prompt_arrays(ids, mask)  # None, text or ragged rows: one line naming what was given
     if ids.ndim != 2 or mask.shape != ids.shape:
         raise DecodeError(f"ids must be [batch, prompt_length] with a mask of the same shape; got ids "
                           f"{ids.shape}, mask {mask.shape}")

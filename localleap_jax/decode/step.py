@@ -62,7 +62,7 @@ def predict(logits: Float[Array, "B T V"], scoring: Scoring, ids: SpecialIds, ke
 class StepResult(NamedTuple):
     pred: Int[Array, "B T"]  # the prediction at every position of the region
     conf: Float[Array, "B T"]  # its confidence
-    code: Int[Array, "B T"]  # int8 commit codes: 0 none, k committed by clause k (the rule's, then the forced top1)
+    code: Int[Array, "B T"]  # int8 commit codes: 0 none, k committed by clause k (the rule's, then the loop's forced one)
     tokens: Int[Array, "B T"]  # the region after this step's commits and remasks
     rule_state: Any
     working: Bool[Array, "B"]  # rows that had a candidate this step

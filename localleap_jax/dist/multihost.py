@@ -41,6 +41,7 @@ import numpy as np
 from localleap_jax import checkpoint
 from localleap_jax.checkpoint import CheckpointError
 from localleap_jax.decode import DecodeConfig, DecodeError, prepare_inputs
+from localleap_jax.decode.config import prompt_arrays
 from localleap_jax.decode.run import check_slots
 from localleap_jax.decode import generate as generate_on_one_device
 from localleap_jax.dist.mesh import LikelihoodOnMesh, generate_sharded
@@ -123,8 +124,7 @@ class Leader:
             return generate(model, ids, mask, cfg, rng, trace=trace, mesh=mesh, slots=slots)
         if mesh is None:
             raise DecodeError("a multi-process run generates on a mesh: pass mesh=make_mesh(...)")
-        ids = np.asarray(ids)
-        mask = np.ones(ids.shape, bool) if mask is None else np.asarray(mask)
+        ids, mask = prompt_arrays(ids, mask)
         prepare_inputs(ids, mask, cfg, model.config, rng)  # raises what generate would, before anything is sent
         slots = check_slots(slots)
         # The rule files and modules the rule's code comes from (a user's --rules): each follower loads the same

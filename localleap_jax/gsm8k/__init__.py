@@ -10,7 +10,7 @@ which the command lines print in one line (`command_line`); its messages name th
   settings      EvalSettings (canvas, rules' shared settings, prompts, batching, devices), DEFAULTS
   loading       find_checkpoint, check_gen_length, load_model
   data          read_gsm8k_jsonl, DataPlan, plan_data, local_task, Task, write_task
-  outdir        check_output, OutputDir (OUT/.lock), holding, write_atomically
+  outdir        check_output, default_output, OutputDir (OUT/.lock), holding, write_atomically
   progress      RunningAccuracy (the progress bar's), Progress (what a run that ends now keeps)
   run           resume_key, evaluate_once, run_strategy, collect, summarize, rule_record, config_record
   command_line  OneLineParser and the flags' types, load_user_rules (--rules), termination_as_interrupt,
@@ -23,14 +23,14 @@ from localleap_jax.gsm8k.command_line import (EXIT_ERROR, EXIT_INTERRUPTED, RULE
 from localleap_jax.gsm8k.data import DataPlan, Task, local_task, plan_data, read_gsm8k_jsonl, write_task
 from localleap_jax.gsm8k.errors import UserError
 from localleap_jax.gsm8k.loading import check_gen_length, find_checkpoint, load_model, read_model_config
-from localleap_jax.gsm8k.outdir import OutputDir, check_output, holding, write_atomically
+from localleap_jax.gsm8k.outdir import OutputDir, check_output, default_output, holding, write_atomically
 from localleap_jax.gsm8k.progress import Progress, RunningAccuracy
 from localleap_jax.gsm8k.run import (collect, config_record, evaluate_once, forget_answers, resume_key, rule_record,
                                      run_strategy, summarize, task_manager)
 from localleap_jax.gsm8k.settings import DEFAULTS, EvalSettings, default_strategies, model_defaults
 
 __all__ = ["DEFAULTS", "DataPlan", "EXIT_ERROR", "EXIT_INTERRUPTED", "EvalSettings", "OneLineParser", "OutputDir",
-           "Progress", "RULES_HELP", "RunningAccuracy", "Task", "UserError", "check_gen_length", "check_output", "collect",
+           "Progress", "RULES_HELP", "RunningAccuracy", "Task", "UserError", "check_gen_length", "check_output", "collect", "default_output",
            "config_record", "count", "evaluate_once", "exit_status", "find_checkpoint", "forget_answers", "holding",
            "default_strategies", "load_model", "load_user_rules", "local_task", "read_model_config", "model_defaults", "plan_data", "positive", "probability", "read_gsm8k_jsonl",
            "resume_key", "rule_record", "run_strategy", "seed", "summarize", "task_manager", "termination_as_interrupt",

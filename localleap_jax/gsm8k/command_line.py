@@ -1,12 +1,14 @@
 """What the GSM8K command lines (experiments/eval_gsm8k.py, experiments/sweep.py) share in how they read
-flags (their --rules included) and how they end: a mistake in one `error: ...` line (status 2), Ctrl-C or
-SIGTERM with what was kept (status 130)."""
+flags (their --rules included) and how they end: a mistake in one `error: ...` line (status 2), Ctrl-C,
+SIGTERM or SIGHUP with what was kept (status 130)."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import signal
+import sqlite3
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -74,27 +76,61 @@ def load_user_rules(given: list[str] | None, flag: str = "--rules") -> list[str]
         raise UserError(f"{flag} {e}") from None
 
 
+TERMINATING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
 @contextmanager
 def termination_as_interrupt():
-    """SIGTERM (a scheduler's kill, `timeout`) ends the run like Ctrl-C: what is done is kept."""
+    """SIGTERM (a scheduler's kill, `timeout`) and SIGHUP (the terminal or session went away) end the run like
+    Ctrl-C: what is done is kept."""
     def interrupt(signum, frame):
-        raise KeyboardInterrupt("SIGTERM")
-    previous = signal.signal(signal.SIGTERM, interrupt)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+    previous = {sig: signal.signal(sig, interrupt) for sig in TERMINATING}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def cache_errors_quiet():
+    """lm-eval's response cache (sqlitedict) logs a failed write from its writer thread as dozens of traceback lines,
+    then raises it in the next call: the run reports that once, in one line (`exit_status`)."""
+    logs = [logging.getLogger(name) for name in ("sqlitedict", "sqlitedict.SqliteMultithread")]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
+
+
+def cache_failure(e: sqlite3.Error, progress: Progress) -> str:
+    """The one line for a response cache that cannot be written (a full disk, a damaged or read-only file)."""
+    full = "full" in str(e).lower()
+    fix = "free some space and " if full else ""
+    what = "the disk is full: " if full else ""
+    return (f"{what}lm-eval's response cache could not be written (sqlite3.{type(e).__name__}: {e}); "
+            f"{progress.kept().replace('; rerun', f'; {fix}rerun')}")
 
 
 def exit_status(run: Callable[[], int], progress: Progress) -> int:
     """`run()`'s exit status, its mistakes and interruptions ended in one line: a UserError, or an OSError
-    (the environment, not the code: a full disk, a vanished directory) -> `error: ...` and EXIT_ERROR;
-    Ctrl-C or SIGTERM -> what `progress` kept, and EXIT_INTERRUPTED."""
+    (the environment, not the code: a full disk, a vanished directory), or lm-eval's response cache failing to
+    write (sqlite3: a full disk) -> `error: ...` and EXIT_ERROR; Ctrl-C, SIGTERM or SIGHUP -> what `progress`
+    kept, and EXIT_INTERRUPTED."""
     try:
-        with termination_as_interrupt():
+        with termination_as_interrupt(), cache_errors_quiet():
             return run()
     except (UserError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except sqlite3.Error as e:  # lm-eval's response cache: what it committed before stays for the rerun
+        progress.flush()
+        print(f"error: {cache_failure(e, progress)}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt as e:
         progress.flush()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 from localleap_jax import synthetic_math
@@ -12,7 +13,31 @@ from localleap_jax.gsm8k.errors import UserError
 from localleap_jax.hashing import sha256_files
 
 
-def read_gsm8k_jsonl(path: Path, flag: str = "--data") -> list[dict]:
+NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+
+
+def unscorable(row: dict, scored: bool = True) -> str | None:
+    """Why lm-eval's gsm8k task cannot score this row (its target is what follows the last '####' of the answer,
+    compared with ',' and '$' and a final '.' taken away), or None when it can."""
+    question, answer = row["question"], row["answer"]
+    if not isinstance(question, str) or not question.strip():
+        return f"its question is {'empty' if isinstance(question, str) else type(question).__name__}, not text"
+    if not scored:
+        return None
+    if not isinstance(answer, str):
+        return f"its answer is {type(answer).__name__}, not text"
+    if "####" not in answer:
+        return "its answer has no '#### N' (the gold number the scorer reads)"
+    target = answer.split("####")[-1].strip()
+    if not NUMBER.fullmatch(re.sub(r"[,$]", "", target).rstrip(".")):
+        return f"its gold '#### {target[:30]}' is not a number"
+    return None
+
+
+def read_gsm8k_jsonl(path: Path, flag: str = "--data", scored: bool = True) -> list[dict]:
+    """The problems of a GSM8K-format JSONL file; refused in one line for a line that is not JSON or lacks the keys,
+    and for rows whose question is not text or (`scored`: the answers are scored) whose gold answer lm-eval's
+    scorer cannot read, all of them counted, the first named."""
     if not path.is_file():
         raise UserError(f"{flag} {path}: " + ("is a directory, not a file" if path.is_dir() else "no such file"))
     rows = []
@@ -29,10 +54,16 @@ def read_gsm8k_jsonl(path: Path, flag: str = "--data") -> list[dict]:
             raise UserError(f"{flag} {path}:{n} is not valid JSON ({e.msg})") from None
         if not isinstance(row, dict) or not {"question", "answer"} <= row.keys():
             raise UserError(f"{flag} {path}:{n} needs the keys 'question' and 'answer'")
-        rows.append(row)
+        rows.append((n, row))
     if not rows:
         raise UserError(f"{flag} {path} holds no problems")
-    return rows
+    bad = [(n, why) for n, row in rows for why in [unscorable(row, scored)] if why]
+    if bad:
+        n, why = bad[0]
+        more = f"; lines {', '.join(str(m) for m, _ in bad[1:6])}{', ...' if len(bad) > 6 else ''} too" if bad[1:] else ""
+        raise UserError(f"{flag} {path}: {len(bad)} of {len(rows)} problems cannot be used (line {n}: {why}{more}); "
+                        "fix or remove them")
+    return [row for _, row in rows]
 
 
 @dataclasses.dataclass(frozen=True)

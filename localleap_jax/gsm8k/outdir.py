@@ -4,6 +4,7 @@ produced nothing, and its result files replaced whole."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -24,6 +25,15 @@ def check_output(out: Path) -> None:
     parent = next(p for p in (out, *out.parents) if p.exists())
     if not parent.is_dir():
         raise UserError(f"--output {out}: {parent} is a file, not a directory")
+
+
+def default_output(parent: Path, checkpoint: Path, manifest: dict | None = None, prefix: str = "") -> Path:
+    """PARENT/<prefix><checkpoint's name>-<8 hex>: the hex is the weights' fingerprint (manifest.json), or the
+    resolved path's hash where there is none, so two checkpoints of one basename (runs/a/model, runs/b/model)
+    never share a default --output, while the same weights copied elsewhere resume from theirs."""
+    resolved = Path(checkpoint).expanduser().resolve()
+    tag = (manifest or {}).get("params_fingerprint") or hashlib.sha256(str(resolved).encode()).hexdigest()
+    return parent / f"{prefix}{resolved.name}-{str(tag)[:8]}"
 
 
 class OutputDir:

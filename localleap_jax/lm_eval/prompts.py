@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from localleap_jax.tokenizer import BOS_TOKEN, Tokenizer
+from localleap_jax.tokenizer import BOS_TOKEN, Tokenizer, check_prompt
 
 
 class PromptTooLongError(ValueError):
@@ -102,6 +102,8 @@ def fit_all(requests, tokenizer: Tokenizer, chat: bool, truncate_fewshot: bool, 
             max_sequence_length: int, gen_length: int) -> list[Prompt]:
     """Every request's prompt, fitted beside the canvas or refused (all at once, before any work)."""
     room = max_sequence_length - gen_length
+    for i, r in enumerate(requests):  # a context that is not text: one line naming it, before any work
+        check_prompt(r.args[0], f"request {i}'s context")
     prompts = [fit(r, room, tokenizer, chat, truncate_fewshot, delimiter) for r in requests]
     over = [len(p.ids) - room for p in prompts if len(p.ids) > room]
     if over:

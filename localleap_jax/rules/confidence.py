@@ -115,18 +115,25 @@ class LocalLeap(RuleBase):
 @register_rule("factor")
 @struct.dataclass
 class Factor(RuleBase):
-    """Fast-dLLM's factor rule (`get_transfer_index_dynamic`): commit the n most confident candidates,
-    n the largest with (i + 1)(1 - c_(i)) <= f for every i = 2..n (c_(1) >= c_(2) >= ... sorted
-    confidences, 1-indexed; the top one always commits)."""
+    """Fast-dLLM's factor rule, as its `get_transfer_index_dynamic` (NVlabs/Fast-dLLM llada/generate.py) runs it:
+    with c_(1) >= c_(2) >= ... the sorted confidences of the n candidates, rank i (1-indexed) passes when
+    c_(i) >= 1 - f / (i + 1) (the top one always passes); commit the longest passing prefix, except that when the
+    first rank to fail is the last candidate (i = n) all n commit: the authors' `top_i == len(threshs) - 1`
+    branch, so two candidates left always both commit. That code produced the published numbers: it is the
+    default. `textbook=1` drops the branch (the formula alone: the longest passing prefix)."""
 
     f: float = setting(1.0, low=0.0, low_open=True)
+    textbook: int = setting(0, int, low=0, high=1)
     clause_names = ("top1", "factor")
 
     def update(self, s: Signals, state):
         T = s.conf.shape[-1]
         ranked = jnp.sort(jnp.where(s.candidates, s.conf, -jnp.inf), axis=-1)[:, ::-1]  # descending
         i = jnp.arange(1, T + 1)  # 1-indexed rank
-        passes = (i == 1) | ((i + 1) * (1.0 - ranked) <= per_row(self.f))
-        n = jnp.sum(jnp.cumprod(passes, axis=-1), axis=-1)  # longest passing prefix
+        passes = (i == 1) | (ranked >= 1.0 - per_row(self.f) / (i + 1))  # the authors' thresholds, as written
+        prefix = jnp.sum(jnp.cumprod(passes, axis=-1), axis=-1)  # longest passing prefix
+        n_cand = jnp.sum(s.candidates, axis=-1)
+        authors = jnp.asarray(self.textbook) == 0
+        n = jnp.where(authors & (prefix >= n_cand - 1), n_cand, prefix)  # the first failure is the last: all commit
         chosen = top_k(s.conf, s.candidates, n)
         return first_clause(most_confident(s.conf, s.candidates), chosen), state
