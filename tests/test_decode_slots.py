@@ -1,7 +1,7 @@
 """Continuous batching (localleap_jax.decode.slots): N prompts through S < N slots in one compiled loop.
 
 Every prompt's tokens, NFE (and remasks, trace) equal the prompt decoded alone, for rules of every kind (the
-schedule's, thresholds, stateful, rules that revoke, whole-canvas ones) and every cache mode; the slots really
+schedule's, thresholds, LocalLeap, rules with state, rules that revoke, whole-canvas ones) and every cache mode; the slots really
 refill mid-run (fewer passes than the prompts' passes one after another); with Fast-dLLM's caches a slot refills
 only when the batch moves to its next block; bad `slots=` ends in one line."""
 
@@ -42,8 +42,6 @@ def alone(model, ids, mask, cfg, **kw):
 
 CASES = [  # (rule, cache, gen_length, block_length)
     ("low_confidence", "none", 32, 8),  # one token a pass: rows that stop early use fewer passes
-    ("localleap", "none", 48, 16),
-    ("klass", "none", 48, 16),  # a rule with state (its history of predictions)
     ("threshold", "prefix", 48, 16),
     ("localleap", "dual", 48, 16),
     ("wino", "none", 32, 16),  # takes commits back; a probe copy of the block in the same pass
