@@ -70,3 +70,36 @@ def scripted(target, conf, *, neighbour_bonus: float = 0.0, shift: int = 0) -> S
 def prompts(batch: int, length: int = 3) -> tuple[np.ndarray, np.ndarray]:
     ids = np.full((batch, length), WORD + 1, np.int32)
     return ids, np.ones_like(ids, bool)
+
+
+def seeded(gen_length: int) -> StubModel:
+    """A stub whose predictions and confidences at generated position j depend only on the row's own canvas: a seed
+    from its prompt tokens, j, and how many positions it has committed. So a row decodes the same alone or in any
+    batch (rows differ in their prompts), and its confidences move as it commits."""
+    G = gen_length
+
+    def logits_fn(x):
+        B, L = x.shape
+        P = L - G
+        seed = jnp.sum(jnp.where(x[:, :P] == EOS, 0, x[:, :P] * (jnp.arange(P) % 5 + 1)), axis=1) % 97
+        committed = jnp.sum(x[:, P:] != MASK, axis=1)
+        j = jnp.arange(G)
+        c = 0.25 + 0.74 * ((seed[:, None] * 0.3719 + j[None] * 0.6180 + committed[:, None] * 0.1377) % 1.0)
+        target = ((seed[:, None] + j[None] * 3 + committed[:, None] // 5) % 6 + 1).astype(jnp.int32)
+        rest = jnp.log((1.0 - c) / (V - 1))[..., None]
+        lp = jnp.where(jnp.arange(V) == target[..., None], jnp.log(c)[..., None], rest)
+        return jnp.concatenate([jnp.zeros((B, P, V)), lp], axis=1)
+
+    return StubModel(config(), FunctionDenoiser(logits_fn, V, 0))
+
+
+def ragged_prompts(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """n left-padded prompts of 2 to 8 word ids each."""
+    rs = np.random.default_rng(seed)
+    lengths = rs.integers(2, 9, n)
+    ids = np.full((n, lengths.max()), EOS, np.int32)
+    mask = np.zeros(ids.shape, bool)
+    for i, k in enumerate(lengths):
+        ids[i, ids.shape[1] - k:] = rs.integers(1, 7, k)
+        mask[i, ids.shape[1] - k:] = True
+    return ids, mask

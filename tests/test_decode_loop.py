@@ -337,3 +337,21 @@ def test_the_deprecated_fields_warn_once_where_python_code_sets_them_and_nowhere
         warnings.simplefilter("error", DeprecationWarning)
         ll.DecodeConfig(strategy=ll.rule("localleap", kappa=0.8))  # the rule form: silent
         replaced(with_shared_settings(strategy="threshold", kappa=0.8), gen_length=64)  # the flags' route: silent
+
+
+def test_a_rule_whose_state_spans_blocks_keeps_it_while_its_row_waits_for_the_batch():
+    """Saber's state crosses blocks (resets_state False). With the prefix cache the rows advance together, so a row
+    whose block is full waits, running passes it would not run alone: its state must not change in them (it did:
+    4 of these 6 rows decoded otherwise than alone). Slots hold the same rows: they must too."""
+    from stubs import ragged_prompts, seeded
+
+    model = seeded(32)
+    ids, mask = ragged_prompts(6, 1)
+    cfg = ll.DecodeConfig(strategy="saber", gen_length=32, block_length=8, cache="prefix", prompt_bucket=8)
+    batch, slotted = ll.generate(model, ids, mask, cfg), ll.generate(model, ids, mask, cfg, slots=2)
+    alone = [ll.generate(model, ids[i:i + 1], mask[i:i + 1], cfg) for i in range(len(ids))]
+    assert len(set(int(a.nfe[0]) for a in alone)) > 1  # rows need different passes: some wait in the batch
+    for i, a in enumerate(alone):
+        for out in (batch, slotted):
+            np.testing.assert_array_equal(out.tokens[i, out.prompt_length:], a.tokens[0, a.prompt_length:])
+            assert out.nfe[i] == a.nfe[0] and out.remasks[i] == a.remasks[0]

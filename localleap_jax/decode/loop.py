@@ -107,8 +107,10 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     advance, moved = loop.cache.advances(done, block_full)
     # A row entering a new block starts afresh. (A row with no candidates is done, or waits with a full
     # block for the batch to advance, which resets it: what its update did meanwhile is never read.)
+    # A rule whose state spans blocks (Saber's threshold history) keeps it through passes in which its row does not
+    # work (waiting for the batch to move, with a cache), as the row alone would never have run them.
     rule_state = (rows_where(advance, at.rule_state0, step.rule_state) if getattr(rule, "resets_state", True)
-                  else step.rule_state)  # (a rule whose state spans blocks, as Saber's threshold history)
+                  else rows_where(step.working, step.rule_state, state.rule_state))
     record = loop.recorder.update(state.record, denoiser.head, hidden.region, region, step, state.nfe,
                                   canvas.prompt_length, loop.scoring, special)
     return LoopState(
