@@ -41,10 +41,12 @@ class Program(NamedTuple):
 
 
 def signature(tree: Any) -> tuple:
-    """A pytree's structure (static fields included) and its leaves' shapes and dtypes: what a compiled
-    program depends on besides the values."""
+    """A pytree's structure (static fields included) and its leaves' shapes, dtypes and, for arrays already placed,
+    their shardings: what a compiled program depends on besides the values (a program compiled for weights split
+    over a mesh refuses weights on one device)."""
     leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple(jax.ShapeDtypeStruct(np.shape(a), a.dtype) for a in leaves)
+    return treedef, tuple((jax.ShapeDtypeStruct(np.shape(a), a.dtype),
+                           a.sharding if isinstance(a, jax.Array) else None) for a in leaves)
 
 
 _EXECUTABLES: dict[Hashable, Any] = {}

@@ -167,6 +167,21 @@ def test_per_prompt_settings_follow_their_prompt_into_its_slot(model, prompts):
     assert out.nfe.max() > out.nfe.min()  # the settings made a difference
 
 
+def test_rows_that_stop_at_the_bound_free_their_slots_under_a_shared_cache(model):
+    """Saber with the prefix cache and max_passes, one slot: the row stops at the bound with masks left, nothing
+    moves on, and the queued prompts must still be taken (they were not: NFE [10, 0, 0], never decoded)."""
+    questions = [f"Question: {p['question']}\nAnswer:" for p in take("test", 3, seed=7)]
+    ids, mask = model.tokenizer.encode_batch(questions)
+    cfg = ll.DecodeConfig(strategy="saber", gen_length=32, block_length=8, cache="prefix", max_passes=10)
+    out = ll.generate(model, ids, mask, cfg, slots=1)
+    gen, nfe, remasks, _, outs = alone(model, ids, mask, cfg)
+    np.testing.assert_array_equal(out.tokens[:, out.prompt_length:], gen)
+    np.testing.assert_array_equal(out.nfe, nfe)
+    np.testing.assert_array_equal(out.remasks, remasks)
+    np.testing.assert_array_equal(out.hit_bound, [bool(o.hit_bound[0]) for o in outs])
+    assert out.hit_bound[0] and not out.hit_bound.all()  # the case: the first row stopped at the bound
+
+
 def test_slots_at_least_the_batch_run_the_fixed_program(model, prompts):
     ids, mask = prompts
     cfg = ll.DecodeConfig(strategy="threshold", gen_length=32, block_length=16)

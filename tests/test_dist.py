@@ -67,6 +67,10 @@ dist_mesh._SHARDED_PARAMS.clear()
 cfg = ll.DecodeConfig(strategy=ll.rule("localleap"), gen_length=16, block_length=8, cache="dual")
 out = ll.generate(loaded, ids, mask, cfg, mesh=mesh)
 res["loaded"].update(placed_again=len(dist_mesh._SHARDED_PARAMS), tokens=bool((out.tokens == ll.generate(model, ids, mask, cfg).tokens).all()))
+# Without mesh=, the split weights run the one-device program compiled for their placement; the plain model then
+# its own (the compiled-program key holds the inputs' shardings: it used to hand the plain model the other one).
+res["loaded"]["no_mesh_then_plain"] = bool((ll.generate(loaded, ids, mask, cfg).tokens ==
+                                            ll.generate(model, ids, mask, cfg).tokens).all())
 # The non-finite check on a split leaf: per-shard counts summed across devices, never a gather.
 leaf = loaded.params["blocks"]["up_proj"]["kernel"]
 hlo = checkpoint.count_non_finite.lower(leaf).compile().as_text()
@@ -183,7 +187,7 @@ def test_a_sharded_load_lands_in_the_shards_and_is_checked_there(eight_devices):
     res, b = eight_devices, eight_devices["bytes"]
     loaded = res["loaded"]
     assert loaded["shardings"] and loaded["values"] and loaded["per_device"] == b["per_device"], loaded
-    assert loaded["placed_again"] == 0 and loaded["tokens"], loaded
+    assert loaded["placed_again"] == 0 and loaded["tokens"] and loaded["no_mesh_then_plain"], loaded
     assert res["finite_check"] == {"split": "P(None, None, 'model')", "all_gather": False, "all_reduce": True}
     assert re.search(r"\['blocks'\]\['up_proj'\]\['kernel'\] holds 1 non-finite value", res["nan_refused"]), res["nan_refused"]
 

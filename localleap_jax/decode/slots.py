@@ -94,8 +94,9 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
         state = state._replace(done=state.done | (state.nfe >= bound))
         st = hand_over(st._replace(loop=state))
 
-        # Free slots take the next prompts, in slot order.
-        free = state.done & (moved if loop.cache.rows_together else True)
+        # Free slots take the next prompts, in slot order. With rows that advance together, when the batch moves on,
+        # or when no row is left working (the last ones may have stopped at the bound: then nothing moved).
+        free = state.done & ((moved | jnp.all(state.done)) if loop.cache.rows_together else True)
         rank = jnp.cumsum(free.astype(jnp.int32)) - 1
         takes = free & (st.queued + rank < N)
         j = jnp.where(takes, st.queued + rank, 0)
