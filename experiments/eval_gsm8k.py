@@ -181,7 +181,7 @@ def run(args, mesh, progress: Progress) -> int:
     load_user_rules(args.rules)  # process 0 only: a follower loads what each generation's message names
     path, manifest = find_checkpoint(args.model or args.checkpoint)
     config = read_model_config(path)
-    args.strategies = args.strategies or split_specs(default_strategies(config))
+    args.strategies = args.strategies or split_specs(default_strategies(config, manifest))
     settings = EvalSettings.for_model(
         manifest, model=config, gen_length=args.gen_length, block_length=args.block_length, num_fewshot=args.num_fewshot,
         batch_size=args.batch_size, slots=args.slots, queue=args.queue, limit=args.limit, seed=args.seed, truncate_fewshot=args.truncate_fewshot,

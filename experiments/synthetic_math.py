@@ -14,10 +14,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from localleap_jax.synthetic_math import (ITEMS, KINDS, NAMES, TEST_FRACTION, make_problem, problems,  # noqa: E402
+from localleap_jax.synthetic_math import (ITEMS, KINDS, NAMES, TASKS, TEST_FRACTION, make_problem, problems,  # noqa: E402
                                           take, write_jsonl)
 
-__all__ = ["ITEMS", "KINDS", "NAMES", "TEST_FRACTION", "make_problem", "problems", "take", "write_jsonl"]
+__all__ = ["ITEMS", "KINDS", "NAMES", "TASKS", "TEST_FRACTION", "make_problem", "problems", "take", "write_jsonl"]
 
 
 def main():

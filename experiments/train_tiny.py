@@ -52,6 +52,7 @@ from localleap_jax.model import forward, head, init_params, positions_from_mask,
 from localleap_jax.tokenizer import Tokenizer, left_pad, make_tokenizer  # noqa: E402
 
 PROMPT = "Question: {question}\nAnswer:"  # lm-eval's gsm8k doc_to_text, 0-shot
+CHAIN_STRATEGIES = "low_confidence,threshold:kappa=0.5,threshold,localleap"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,18 +64,19 @@ class TrainConfig:
     weight_decay: float = 0.01
     seed: int = 0
     gen_length: int = 64  # answer canvas: answer + EOT + EOS padding
-    prompt_length: int = 72  # prompts are left-padded to this many tokens
+    prompt_length: int = 72  # prompts are left-padded to this many tokens (a longer batch: to a multiple of 8)
     vocab_size: int = 384
     d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
     mlp_hidden_size: int = 512
+    task: str = "math"  # synthetic_math.TASKS: "math" (tiny-math's), "chain" (tiny-chain's multi-step totals)
 
 
 def build_tokenizer(cfg: TrainConfig, out_dir: Path) -> Tokenizer:
     if not (out_dir / "tokenizer.json").exists():
         corpus = [PROMPT.format(question=p["question"]) + " " + p["answer"]
-                  for p in synthetic_math.take("train", 20000, seed=cfg.seed, unique=False)]
+                  for p in synthetic_math.take("train", 20000, seed=cfg.seed, unique=False, task=cfg.task)]
         make_tokenizer(corpus, cfg.vocab_size).save_pretrained(str(out_dir))
     from transformers import PreTrainedTokenizerFast
     hf = PreTrainedTokenizerFast.from_pretrained(str(out_dir))
@@ -114,13 +116,14 @@ def warm_start(params, source):
 
 def make_batch(step: int, cfg: TrainConfig, tok: Tokenizer):
     """Tokens [B, P+G], real-token mask [B, P+G], answer-canvas mask [B, P+G]; deterministic in (seed, step)."""
-    stream = synthetic_math.problems("train", seed=f"{cfg.seed}-{step}")
+    stream = synthetic_math.problems("train", seed=f"{cfg.seed}-{step}", task=cfg.task)
     probs = [next(stream) for _ in range(cfg.batch_size)]
     prompts = [tok.encode(PROMPT.format(question=p["question"])) for p in probs]
     prompt_ids, prompt_mask = left_pad(prompts, tok.pad_id)
-    if prompt_ids.shape[1] > cfg.prompt_length:
-        raise ValueError(f"a prompt has {prompt_ids.shape[1]} tokens > --prompt-length {cfg.prompt_length}")
-    pad = cfg.prompt_length - prompt_ids.shape[1]
+    # A rare longer prompt widens its batch (left padding changes no logit: positions start at the first real
+    # token) rather than ending a run an hour in; multiples of 8 keep the compiled shapes few.
+    width = max(cfg.prompt_length, -(-prompt_ids.shape[1] // 8) * 8)
+    pad = width - prompt_ids.shape[1]
     prompt_ids = np.pad(prompt_ids, ((0, 0), (pad, 0)), constant_values=tok.pad_id)
     prompt_mask = np.pad(prompt_mask, ((0, 0), (pad, 0)))
     canvas = np.full((cfg.batch_size, cfg.gen_length), tok.eos_id, np.int32)
@@ -269,10 +272,14 @@ def main(argv=None):
     if args.family == "sdar" and block_size < 1:
         ap.error(f"--block-size must be >= 1, got {block_size}")
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    if cfg.task not in synthetic_math.TASKS:
+        ap.error(f"--task must be one of {', '.join(sorted(synthetic_math.TASKS))}, got {cfg.task!r}")
     init_from = str(Path(args.init_from).resolve()) if args.init_from else None
     # The run's identity: TrainConfig, plus the new flags only when they are not the default (a LLaDA run from
     # scratch records, and resumes from, exactly what it always has).
     run_cfg = dataclasses.asdict(cfg)
+    if cfg.task == "math":
+        del run_cfg["task"]
     if args.family == "sdar":
         run_cfg |= {"family": "sdar", "block_size": block_size}
     if init_from:
@@ -375,10 +382,14 @@ def main(argv=None):
     checkpoint.save(export, config, state["params"], out / "tokenizer",
                     manifest={"source": "experiments/train_tiny.py", "training": log,
                               # what experiments/eval_gsm8k.py runs on this model when given no flags
-                              "eval_data": "synthetic_math", "eval_data_spec": {"n": 500, "seed": cfg.seed},
+                              "eval_data": "synthetic_math", "eval_data_spec": {"n": 500, "seed": cfg.seed}
+                              | ({"task": cfg.task} if cfg.task != "math" else {}),
                               "eval_defaults": {"gen_length": cfg.gen_length,
                                                 "block_length": block_size if args.family == "sdar" else 16,
-                                                "num_fewshot": 0}},
+                                                "num_fewshot": 0}
+                              # the chain model is the one whose rules differ: its default run puts the
+                              # low threshold beside the paper's settings
+                              | ({"strategies": CHAIN_STRATEGIES} if cfg.task == "chain" else {})},
                     readme=readme)
     print(f"wrote {export}")
 

@@ -44,6 +44,7 @@ PARAM_DTYPES = ("bfloat16", "float16", "float32")  # what `load` restores parame
 # The small model trained by experiments/train_tiny.py, shipped inside the package.
 EMBEDDED = Path(__file__).resolve().parent / "assets" / "tiny-math"
 EMBEDDED_SDAR = Path(__file__).resolve().parent / "assets" / "tiny-math-sdar"  # its block-diffusion twin
+EMBEDDED_MODELS = {"embedded": EMBEDDED, "embedded-sdar": EMBEDDED_SDAR}  # the names `load` takes for them
 
 
 class CheckpointError(ValueError):

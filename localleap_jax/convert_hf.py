@@ -30,7 +30,7 @@ import ml_dtypes
 import numpy as np
 from tqdm import tqdm
 
-from localleap_jax.checkpoint import (EMBEDDED, EMBEDDED_SDAR, CheckpointError, abstract_params, atomic_directory,
+from localleap_jax.checkpoint import (EMBEDDED, EMBEDDED_MODELS, CheckpointError, abstract_params, atomic_directory,
                                      check_output_path, write_checkpoint_files)
 from localleap_jax.config import ConfigError, ModelConfig
 from localleap_jax.errors import first_line
@@ -329,8 +329,8 @@ def resolve_checkpoint(name: str | Path | None) -> Path:
     """A checkpoint directory from a name: None/"embedded" (the shipped small model), "embedded-sdar" (its
     block-diffusion twin), a directory, or a hub id such as GSAI-ML/LLaDA-8B-Instruct or
     Dream-org/Dream-v0-Instruct-7B (converted once into a cache, then reused)."""
-    if name is None or str(name) in ("", "embedded", "embedded-sdar"):
-        path = EMBEDDED_SDAR if str(name) == "embedded-sdar" else EMBEDDED
+    if name is None or str(name) in ("", *EMBEDDED_MODELS):
+        path = EMBEDDED_MODELS.get(str(name), EMBEDDED)
         if not (path / "manifest.json").exists():
             raise CheckpointError(f"the embedded model is missing ({path}); reinstall the package")
         return path
@@ -342,7 +342,7 @@ def resolve_checkpoint(name: str | Path | None) -> Path:
 def is_hub_id(name: str | Path | None) -> bool:
     """Whether `name` reads as a hub id (owner/repo) rather than a local path: no such path exists, one
     slash, and it does not start like a path (".", "/", "~")."""
-    if name is None or str(name) in ("", "embedded", "embedded-sdar"):
+    if name is None or str(name) in ("", *EMBEDDED_MODELS):
         return False
     text = str(name)
     return not Path(text).expanduser().exists() and text.count("/") == 1 and not text.startswith((".", "/", "~"))

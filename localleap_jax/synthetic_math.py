@@ -6,8 +6,14 @@ templated, so a model predicts it with confidence; the numbers must be copied fr
 question or computed, so the model is unsure there. Parallel decoding has something to gain
 (the template) and something to lose (committing a number before it is settled).
 
-Kinds: `copy` (repeat a number from the question), `add` and `sub` (one step on single-digit
-operands). The split is a function of the question text (a stable hash), so train and test
+Two tasks. `math` (the embedded tiny-math model's): kinds `copy` (repeat a number from the question),
+`add` and `sub` (one step on single-digit operands); every token is settled by the question, so
+committing many at once costs little. `chain` (the tiny-chain model's): two to four steps of +, - and
+doubling on a running total that stays in 1..9, each step written out ("7 + 5 = 12. 12 - 3 = 9."),
+so a step's result is easy once the step before it is written and hard from the
+question alone; committing a result before the one it builds on is where parallel decoding loses.
+
+The split is a function of the question text (a stable hash), so train and test
 never share a question, whatever seed produced them. A leaf: it imports nothing of the package
 (the command line is `python experiments/synthetic_math.py --split test --n 500 --out test.jsonl`).
 """
@@ -60,22 +66,62 @@ def make_problem(rng: random.Random) -> dict:
     return {"question": q, "answer": answer, "kind": kind}
 
 
-def problems(split: str, seed: int) -> Iterator[dict]:
-    """An endless, deterministic stream of problems of one split ("train" or "test")."""
+# Totals stay one digit: every number is one token at a fixed place in the worked answer, so what a position
+# holds is never in doubt, only its value (with totals up to 20 a one-token-per-step decode committed the "1"
+# of a two-digit result where a one-digit one belonged, and scored 7%).
+MAX_TOTAL = 9
+
+
+def make_chain_problem(rng: random.Random) -> dict:
+    """A running total through 2-4 steps; each step's result is written before the next step uses it."""
+    (name, pron), friend = rng.sample(NAMES, 2)
+    item = rng.choice(ITEMS)
+    total = rng.randint(1, 9)
+    said, worked = [f"{name} has {total} {item}."], []
+    for _ in range(rng.randint(2, 4)):
+        ops = ["add"] * (total + 1 <= MAX_TOTAL) + ["sub"] * (total >= 2) + ["double"] * (2 * total <= MAX_TOTAL)
+        op = rng.choice(ops)
+        if op == "add":
+            b = rng.randint(1, min(9, MAX_TOTAL - total))
+            said.append(f"{pron} gets {b} more {item}.")
+            worked.append(f"{total} + {b} = {total + b}.")
+            total += b
+        elif op == "sub":
+            b = rng.randint(1, min(9, total - 1))
+            said.append(f"{pron} gives {b} {item} to {friend[0]}.")
+            worked.append(f"{total} - {b} = {total - b}.")
+            total -= b
+        else:
+            said.append(f"{pron} doubles the {item}.")
+            worked.append(f"{total} * 2 = {2 * total}.")
+            total *= 2
+    q = " ".join(said) + f" How many {item} does {name} have now?"
+    return {"question": q, "answer": " ".join(worked) + f"\n#### {total}", "kind": f"chain{len(worked)}"}
+
+
+TASKS = {"math": make_problem, "chain": make_chain_problem}
+
+
+def problems(split: str, seed: int, task: str = "math") -> Iterator[dict]:
+    """An endless, deterministic stream of problems of one split ("train" or "test") of a task (TASKS)."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    rng = random.Random(f"{split}-{seed}")
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
+    # The math task's streams are what they always were (its shipped model and its tests rely on them).
+    rng = random.Random(f"{split}-{seed}" if task == "math" else f"{task}-{split}-{seed}")
+    make = TASKS[task]
     while True:
-        p = make_problem(rng)
+        p = make(rng)
         if _is_test(p["question"]) == (split == "test"):
             yield p
 
 
-def take(split: str, n: int, seed: int = 0, unique: bool = True) -> list[dict]:
+def take(split: str, n: int, seed: int = 0, unique: bool = True, task: str = "math") -> list[dict]:
     if n < 1:
         raise ValueError(f"take {n} problems: n must be at least 1")
     out, seen = [], set()
-    for p in problems(split, seed):
+    for p in problems(split, seed, task):
         if unique and p["question"] in seen:
             continue
         seen.add(p["question"])

@@ -411,6 +411,18 @@ def test_the_embedded_block_diffusion_model_runs_with_its_family_s_defaults(tmp_
     assert got["low_confidence"]["mean_nfe"] >= 64  # one token per pass over at least gen_length positions
 
 
+def test_a_checkpoint_s_manifest_names_its_own_default_strategies():
+    """`eval_defaults.strategies` (what train_tiny writes for the chain task) wins over the family's default, and
+    is not taken for a canvas setting."""
+    from localleap_jax.gsm8k import default_strategies, model_defaults, read_model_config
+
+    config = read_model_config(EMBEDDED)
+    manifest = {"eval_defaults": {"gen_length": 64, "strategies": "low_confidence,threshold:kappa=0.5"}}
+    assert default_strategies(config, manifest) == "low_confidence,threshold:kappa=0.5"
+    assert default_strategies(config, {}) == default_strategies(config) == "low_confidence,threshold,localleap"
+    assert "strategies" not in model_defaults(manifest, config) and model_defaults(manifest, config)["gen_length"] == 64
+
+
 def test_the_live_accuracy_waits_for_enough_answers():
     from types import SimpleNamespace
 

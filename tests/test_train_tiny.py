@@ -34,6 +34,56 @@ def test_splits_are_deterministic_and_disjoint():
             assert n == x - y >= 0
 
 
+def test_chain_problems_work_every_step_out_and_keep_the_splits_apart():
+    """The chain task (tiny-chain's): 2-4 steps on a running total in 1..9, each written as `a op b = c.`
+    with c right, each step's first operand the previous result, and the question telling the same steps."""
+    import re
+
+    a = synthetic_math.take("test", 300, seed=0, task="chain")
+    assert a == synthetic_math.take("test", 300, seed=0, task="chain")
+    train = {p["question"] for p in synthetic_math.take("train", 3000, seed=0, task="chain")}
+    assert not train & {p["question"] for p in a}
+    assert {p["kind"] for p in a} == {"chain2", "chain3", "chain4"}
+    ops = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
+    seen_ops = set()
+    for p in a:
+        work, final = p["answer"].split("\n#### ")
+        steps = re.findall(r"(\d+) ([-+*]) (\d+) = (\d+)\.", work)
+        assert len(steps) == int(p["kind"][-1]) and " ".join(f"{x} {o} {y} = {z}." for x, o, y, z in steps) == work
+        start = int(re.match(r"\w+ has (\d+) ", p["question"]).group(1))
+        total = start
+        for x, o, y, z in steps:
+            assert int(x) == total and ops[o](int(x), int(y)) == int(z) and 1 <= int(z) <= 9
+            assert o != "*" or y == "2"
+            total, _ = int(z), seen_ops.add(o)
+        assert int(final) == total
+        told = re.findall(r"gets (\d+) more|gives (\d+) |(doubles)", p["question"])
+        assert [("+", g) if g else ("-", v) if v else ("*", "2") for g, v, _ in told] == [(o, y) for _, o, y, _ in steps]
+    assert seen_ops == set(ops)
+    # The math task's stream is unchanged by the chain task's arrival (tiny-math and its tests rely on it).
+    assert synthetic_math.take("test", 5, seed=0) == synthetic_math.take("test", 5, seed=0, task="math")
+    with pytest.raises(ValueError, match="task must be one of"):
+        synthetic_math.take("test", 5, task="chains")
+
+
+def test_a_batch_with_a_prompt_longer_than_prompt_length_widens_instead_of_ending_the_run():
+    """A run died an hour in on one 106-token chain prompt (--prompt-length 104): now its batch is padded to the
+    next multiple of 8, every prompt intact at the right edge, the canvas after it."""
+    from localleap_jax.checkpoint import EMBEDDED
+
+    cfg = train_tiny.TrainConfig(task="chain", prompt_length=16, batch_size=4, gen_length=64)
+    tok = train_tiny.build_tokenizer(cfg, EMBEDDED)
+    tokens, mask, answer = train_tiny.make_batch(0, cfg, tok)
+    width = tokens.shape[1] - cfg.gen_length
+    longest = int(mask[:, :width].sum(1).max())
+    assert longest > cfg.prompt_length and width % 8 == 0 and longest <= width < longest + 8
+    stream = synthetic_math.problems("train", seed=f"{cfg.seed}-0", task="chain")
+    for row in range(4):
+        prompt = tok.encode(train_tiny.PROMPT.format(question=next(stream)["question"]))
+        assert tokens[row, width - len(prompt):width].tolist() == prompt and mask[row, :width].sum() == len(prompt)
+    assert answer[:, width:].all() and not answer[:, :width].any()
+
+
 def test_sft_loss_is_cross_entropy_on_masked_answer_tokens_weighted_by_one_over_t():
     """Against a direct transcription of LLaDA's SFT loss with the same noise draw."""
     cfg = ll.ModelConfig(d_model=32, n_heads=2, n_kv_heads=2, n_layers=1, mlp_hidden_size=64, vocab_size=50,
@@ -261,7 +311,8 @@ def test_sdar_run_warm_starts_and_exports_a_block_diffusion_checkpoint(tmp_path,
     saved = json.loads((run / "train_config.json").read_text())
     assert saved["family"] == "sdar" and saved["block_size"] == 4 and saved["init_from"]
     llada_saved = json.loads((base / "train_config.json").read_text())
-    assert set(llada_saved) == {f.name for f in dataclasses.fields(train_tiny.TrainConfig)}  # llada: as before
+    # llada on the math task: as before (the task is recorded only when it is not the math one)
+    assert set(llada_saved) == {f.name for f in dataclasses.fields(train_tiny.TrainConfig)} - {"task"}
     model = ll.load(run / "checkpoint", dtype="float32")
     assert model.config.family == "sdar" and model.config.block_size == 4 and model.config.qk_norm
     hf = json.loads((run / "checkpoint" / "config.json").read_text())

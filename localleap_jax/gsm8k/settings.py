@@ -21,11 +21,16 @@ def model_defaults(manifest: dict, config=None) -> dict:
     embedded model's own canvas is smaller); a block-diffusion model's block is its block_size (`config`,
     the ModelConfig, when known)."""
     family = {"block_length": config.block_size} if config is not None and config.block_causal else {}
-    return {**DEFAULTS, **family, **manifest.get("eval_defaults", {})}
+    own = {k: v for k, v in manifest.get("eval_defaults", {}).items() if k != "strategies"}
+    return {**DEFAULTS, **family, **own}
 
 
-def default_strategies(config=None) -> str:
-    """The --strategies of a run that names none: the baseline first (the ratios' denominator)."""
+def default_strategies(config=None, manifest: dict | None = None) -> str:
+    """The --strategies of a run that names none: the checkpoint's own (its manifest's
+    `eval_defaults.strategies`), else the family's; the baseline first (the ratios' denominator)."""
+    own = (manifest or {}).get("eval_defaults", {}).get("strategies")
+    if own:
+        return own
     return BLOCK_DIFFUSION_STRATEGIES if config is not None and config.block_causal else DEFAULT_STRATEGIES
 
 
