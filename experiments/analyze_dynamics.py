@@ -91,10 +91,7 @@ def load_problems(args, manifest: dict) -> tuple[list[dict], str]:
     elif manifest.get("eval_data") == "synthetic_math":
         from localleap_jax import synthetic_math
         spec = manifest.get("eval_data_spec", {"n": 500, "seed": 0})
-        task = spec.get("task", "math")
-        rows = synthetic_math.take("test", spec["n"], spec["seed"], task=task)
-        desc = (f"synthetic_math{'' if task == 'math' else ' ' + task} test split ({spec['n']} held-out problems, "
-                f"seed {spec['seed']})")
+        rows, desc = synthetic_math.split_of(spec)
     else:
         raise UserError("this checkpoint ships no evaluation problems: pass --data FILE.jsonl "
                         "(e.g. ../shared/data/gsm8k/test.jsonl)")

@@ -8,8 +8,8 @@ question or computed, so the model is unsure there. Parallel decoding has someth
 
 Two tasks. `math` (the embedded tiny-math model's): kinds `copy` (repeat a number from the question),
 `add` and `sub` (one step on single-digit operands); every token is settled by the question, so
-committing many at once costs little. `chain` (the tiny-chain model's): two to four steps of +, - and
-doubling on a running total that stays in 1..9, each step written out ("7 + 5 = 12. 12 - 3 = 9."),
+committing many at once costs little. `chain` (`train_tiny.py --task chain`): two to four steps of +, -
+and doubling on a running total that stays in 1..9, each step written out ("3 * 2 = 6. 6 - 4 = 2."),
 so a step's result is easy once the step before it is written and hard from the
 question alone; committing a result before the one it builds on is where parallel decoding loses.
 
@@ -129,6 +129,13 @@ def take(split: str, n: int, seed: int = 0, unique: bool = True, task: str = "ma
         if len(out) == n:
             return out
     raise AssertionError("unreachable")
+
+
+def split_of(spec: dict, split: str = "test", n: int | None = None) -> tuple[list[dict], str]:
+    """The problems a manifest's `eval_data_spec` ({"n", "seed"[, "task"]}) names, and a line describing them."""
+    task, n = spec.get("task", "math"), spec["n"] if n is None else n
+    name = "synthetic_math" if task == "math" else f"synthetic_math {task}"
+    return take(split, n, spec["seed"], task=task), f"{name} {split} split ({n} held-out problems, seed {spec['seed']})"
 
 
 def write_jsonl(records: list[dict], path: str) -> None:

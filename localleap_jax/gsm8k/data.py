@@ -99,9 +99,8 @@ def plan_data(data: str | None, fewshot_data: str | None, num_fewshot: int, mani
         if num_fewshot > 50:
             raise UserError(f"--num-fewshot {num_fewshot}: the synthetic few-shot split holds 50 examples")
         task = spec.get("task", "math")
-        return DataPlan(f"synthetic_math{'' if task == 'math' else ' ' + task} test split ({spec['n']} held-out "
-                        f"problems, seed {spec['seed']})",
-                        synthetic=spec)
+        name = "synthetic_math" if task == "math" else f"synthetic_math {task}"
+        return DataPlan(f"{name} test split ({spec['n']} held-out problems, seed {spec['seed']})", synthetic=spec)
     return DataPlan("lm-eval gsm8k (openai/gsm8k from the Hugging Face hub)")
 
 
@@ -139,9 +138,8 @@ def write_task(plan: DataPlan, out: Path) -> Task:
         data = out / "data"
         data.mkdir(parents=True, exist_ok=True)
         spec = plan.synthetic
-        task = spec.get("task", "math")
-        synthetic_math.write_jsonl(synthetic_math.take("test", spec["n"], spec["seed"], task=task), str(data / "test.jsonl"))
-        synthetic_math.write_jsonl(synthetic_math.take("train", 50, spec["seed"], task=task), str(data / "train.jsonl"))
+        synthetic_math.write_jsonl(synthetic_math.split_of(spec)[0], str(data / "test.jsonl"))
+        synthetic_math.write_jsonl(synthetic_math.split_of(spec, "train", 50)[0], str(data / "train.jsonl"))
         test, fewshot = data / "test.jsonl", data / "train.jsonl"
     elif plan.test is not None:
         test, fewshot = plan.test, plan.fewshot
