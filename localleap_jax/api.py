@@ -27,7 +27,8 @@ from localleap_jax.likelihood import LikelihoodConfig, greedy_match, loglikeliho
 def load(path, dtype="bfloat16", verify: bool = True, mesh=None) -> Model:
     """Restore a checkpoint (see `localleap_jax.checkpoint.load`): into `dtype`, on one device or, with `mesh`,
     straight into each parameter's shards; on several processes, every process at once. `path`: a checkpoint
-    directory, "embedded" / "embedded-sdar" (the shipped small models), or a hub id (converted once)."""
+    directory, "embedded" / "embedded-sdar" / "embedded-chain" (the shipped small models), or a hub id
+    (converted once)."""
     return multihost.load(resolve_checkpoint(path), dtype=dtype, verify=verify, mesh=mesh)
 
 

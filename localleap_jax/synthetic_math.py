@@ -6,12 +6,14 @@ templated, so a model predicts it with confidence; the numbers must be copied fr
 question or computed, so the model is unsure there. Parallel decoding has something to gain
 (the template) and something to lose (committing a number before it is settled).
 
-Two tasks. `math` (the embedded tiny-math model's): kinds `copy` (repeat a number from the question),
+Four tasks. `math` (the embedded tiny-math model's): kinds `copy` (repeat a number from the question),
 `add` and `sub` (one step on single-digit operands); every token is settled by the question, so
-committing many at once costs little. `chain` (`train_tiny.py --task chain`): two to four steps of +, -
-and doubling on a running total that stays in 1..9, each step written out ("3 * 2 = 6. 6 - 4 = 2."),
-so a step's result is easy once the step before it is written and hard from the
-question alone; committing a result before the one it builds on is where parallel decoding loses.
+committing many at once costs little. `chain` (`train_tiny.py --task chain`): two to four assignments of +, -
+and doubling on values that stay in 1..9 ("a = 3. b = a * 2. c = b - 4. What is c?"), each worked out in
+turn ("b = 3 * 2 = 6. c = 6 - 4 = 2."), so a step's result is easy once the step before it is written and
+hard from the question alone; committing a result before the one it builds on is where parallel decoding
+loses. `chain3` and `chain6`: the same with exactly three / six steps (the
+embedded tiny-chain model's training stages; it answers chain6).
 
 The split is a function of the question text (a stable hash), so train and test
 never share a question, whatever seed produced them. A leaf: it imports nothing of the package
@@ -72,34 +74,43 @@ def make_problem(rng: random.Random) -> dict:
 MAX_TOTAL = 9
 
 
-def make_chain_problem(rng: random.Random) -> dict:
-    """A running total through 2-4 steps; each step's result is written before the next step uses it."""
-    (name, pron), friend = rng.sample(NAMES, 2)
-    item = rng.choice(ITEMS)
-    total = rng.randint(1, 9)
-    said, worked = [f"{name} has {total} {item}."], []
-    for _ in range(rng.randint(2, 4)):
-        ops = ["add"] * (total + 1 <= MAX_TOTAL) + ["sub"] * (total >= 2) + ["double"] * (2 * total <= MAX_TOTAL)
+LETTERS = "abcdefg"
+
+
+def make_chain_problem(rng: random.Random, steps: tuple[int, int] = (2, 4)) -> dict:
+    """A chain of `steps` (low, high: inclusive) assignments on values in 1..MAX_TOTAL (`a = 3. b = a + 2.
+    c = b - 1. What is c?`), each worked out in turn (`b = 3 + 2 = 5. c = 5 - 1 = 4.`, with every value kept
+    to one digit). A step names the value it builds on, so once the step before it is written it is a lookup
+    and one operation; from the question alone it needs every step before it."""
+    total = rng.randint(1, MAX_TOTAL)
+    said, worked = [f"a = {total}."], []
+    for i in range(rng.randint(*steps)):
+        prev, name = LETTERS[i], LETTERS[i + 1]
+        ops = ["+"] * (total + 1 <= MAX_TOTAL) + ["-"] * (total >= 2) + ["*"] * (2 * total <= MAX_TOTAL)
         op = rng.choice(ops)
-        if op == "add":
-            b = rng.randint(1, min(9, MAX_TOTAL - total))
-            said.append(f"{pron} gets {b} more {item}.")
-            worked.append(f"{total} + {b} = {total + b}.")
-            total += b
-        elif op == "sub":
-            b = rng.randint(1, min(9, total - 1))
-            said.append(f"{pron} gives {b} {item} to {friend[0]}.")
-            worked.append(f"{total} - {b} = {total - b}.")
-            total -= b
-        else:
-            said.append(f"{pron} doubles the {item}.")
-            worked.append(f"{total} * 2 = {2 * total}.")
-            total *= 2
-    q = " ".join(said) + f" How many {item} does {name} have now?"
+        b = (2 if op == "*" else rng.randint(1, MAX_TOTAL - total) if op == "+" else rng.randint(1, total - 1))
+        new_total = total + b if op == "+" else total - b if op == "-" else total * 2
+        said.append(f"{name} = {prev} {op} {b}.")
+        worked.append(f"{name} = {total} {op} {b} = {new_total}.")
+        total = new_total
+    q = " ".join(said) + f" What is {name}?"
     return {"question": q, "answer": " ".join(worked) + f"\n#### {total}", "kind": f"chain{len(worked)}"}
 
 
-TASKS = {"math": make_problem, "chain": make_chain_problem}
+def make_chain3_problem(rng: random.Random) -> dict:
+    """A chain of exactly three assignments: every worked answer has the same words, only its values and
+    operators (which the question gives) differ."""
+    return make_chain_problem(rng, steps=(3, 3))
+
+
+def make_chain6_problem(rng: random.Random) -> dict:
+    """A chain of exactly six assignments (the embedded tiny-chain model's): one shape, as chain3's, with more
+    steps than the small model works out from the question alone."""
+    return make_chain_problem(rng, steps=(6, 6))
+
+
+TASKS = {"math": make_problem, "chain": make_chain_problem, "chain3": make_chain3_problem,
+         "chain6": make_chain6_problem}
 
 
 def problems(split: str, seed: int, task: str = "math") -> Iterator[dict]:

@@ -479,3 +479,28 @@ def test_a_users_rule_file_runs_by_name_and_an_edit_reruns_exactly_it(tmp_path, 
         nfe = lambda rs: [r["nfe"] for r in rs if r["strategy"] == "steady"]  # noqa: E731
         assert nfe(new_rows) != nfe(rows) and edited["strategies"]["steady"]["mean_nfe"] == sum(nfe(new_rows)) / 2
         assert len(list((out / "cache").glob("steady-*_rank0.db"))) == 2  # the old code's answers stay under their key
+
+
+def test_the_embedded_chain_model_scores_one_token_per_pass_above_a_low_threshold(tmp_path):
+    """`--checkpoint embedded-chain` (the README main job's model): its manifest's own task (six-step chains),
+    canvas (gen 80) and default strategies, and on its first 64 held-out problems committing everything above
+    0.5 at once loses what one token per pass gets right -- the trade-off the shipped tiny-math cannot show."""
+    from localleap_jax.checkpoint import EMBEDDED_CHAIN
+    from localleap_jax.gsm8k import default_strategies, read_model_config
+    from localleap_jax.rules import split_specs
+
+    manifest = json.loads((EMBEDDED_CHAIN / "manifest.json").read_text())
+    assert manifest["eval_data_spec"]["task"] == "chain6" and manifest["eval_defaults"]["gen_length"] == 80
+    assert split_specs(default_strategies(read_model_config(EMBEDDED_CHAIN), manifest)) == [
+        "low_confidence", "threshold:kappa=0.5", "threshold", "localleap"]
+    out = tmp_path / "out"
+    assert eval_gsm8k.main(["--checkpoint", "embedded-chain", "--limit", "64", "--strategies",
+                            "low_confidence,threshold:kappa=0.5", "--output", str(out), "--no-compile-cache"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["gen_length"] == 80
+    rows = _rows(out)
+    assert all(r["question"].endswith("What is g?") for r in rows)  # the chain6 split, not tiny-math's problems
+    one, low = summary["strategies"]["low_confidence"], summary["strategies"]["threshold:kappa=0.5"]
+    # Measured on these 64: 0.734 strict at NFE 80.0 against 0.391 at 6.1 (all 500: 0.734 against 0.424).
+    assert one["accuracy_strict"] >= 0.65 and one["mean_nfe"] == 80
+    assert low["accuracy_strict"] <= one["accuracy_strict"] - 0.2 and low["mean_nfe"] < 0.1 * one["mean_nfe"]

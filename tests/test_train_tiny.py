@@ -35,8 +35,8 @@ def test_splits_are_deterministic_and_disjoint():
 
 
 def test_chain_problems_work_every_step_out_and_keep_the_splits_apart():
-    """The chain task (tiny-chain's): 2-4 steps on a running total in 1..9, each written as `a op b = c.`
-    with c right, each step's first operand the previous result, and the question telling the same steps."""
+    """The chain task: 2-4 assignments on values in 1..9 (`a = 3. b = a + 2. ...`), each worked as
+    `name = x op y = z.` with z right, x the value of the name the step builds on, and op, y the question's."""
     import re
 
     a = synthetic_math.take("test", 300, seed=0, task="chain")
@@ -48,18 +48,28 @@ def test_chain_problems_work_every_step_out_and_keep_the_splits_apart():
     seen_ops = set()
     for p in a:
         work, final = p["answer"].split("\n#### ")
-        steps = re.findall(r"(\d+) ([-+*]) (\d+) = (\d+)\.", work)
-        assert len(steps) == int(p["kind"][-1]) and " ".join(f"{x} {o} {y} = {z}." for x, o, y, z in steps) == work
-        start = int(re.match(r"\w+ has (\d+) ", p["question"]).group(1))
-        total = start
-        for x, o, y, z in steps:
-            assert int(x) == total and ops[o](int(x), int(y)) == int(z) and 1 <= int(z) <= 9
+        steps = re.findall(r"(\w) = (\d+) ([-+*]) (\d+) = (\d+)\.", work)
+        assert len(steps) == int(p["kind"][-1])
+        assert " ".join(f"{n} = {x} {o} {y} = {z}." for n, x, o, y, z in steps) == work
+        told = re.fullmatch(r"(\w) = (\d+)\. (.*) What is (\w)\?", p["question"])
+        value = {told.group(1): int(told.group(2))}
+        said = re.findall(r"(\w) = (\w) ([-+*]) (\d+)\.", told.group(3))
+        assert [(n, o, y) for n, _, o, y in said] == [(n, o, y) for n, _, o, y, _ in steps]
+        for (n, x, o, y, z), (_, built_on, _, _) in zip(steps, said):
+            assert int(x) == value[built_on] and ops[o](int(x), int(y)) == int(z) and 1 <= int(z) <= 9
             assert o != "*" or y == "2"
-            total, _ = int(z), seen_ops.add(o)
-        assert int(final) == total
-        told = re.findall(r"gets (\d+) more|gives (\d+) |(doubles)", p["question"])
-        assert [("+", g) if g else ("-", v) if v else ("*", "2") for g, v, _ in told] == [(o, y) for _, o, y, _ in steps]
+            value[n], _ = int(z), seen_ops.add(o)
+        assert told.group(4) == steps[-1][0] and int(final) == value[steps[-1][0]]
     assert seen_ops == set(ops)
+    # chain3 and chain6 (tiny-chain's stages): the same chains with exactly three / six steps, so every answer
+    # is one shape with its values and operators (which the question gives) filled in.
+    for task, n in (("chain3", 3), ("chain6", 6)):
+        fixed = synthetic_math.take("test", 300, seed=0, task=task)
+        assert {p["kind"] for p in fixed} == {f"chain{n}"}
+        assert len({re.sub(r"[-+*]", "+", re.sub(r"\d", "9", p["answer"])) for p in fixed}) == 1
+        assert {p["question"][-10:] for p in fixed} == {f"What is {'abcdefg'[n]}?"}
+        train_fixed = {p["question"] for p in synthetic_math.take("train", 3000, task=task)}
+        assert not {p["question"] for p in fixed} & train_fixed
     # The math task's stream is unchanged by the chain task's arrival (tiny-math and its tests rely on it).
     assert synthetic_math.take("test", 5, seed=0) == synthetic_math.take("test", 5, seed=0, task="math")
     with pytest.raises(ValueError, match="task must be one of"):
@@ -67,11 +77,11 @@ def test_chain_problems_work_every_step_out_and_keep_the_splits_apart():
 
 
 def test_a_batch_with_a_prompt_longer_than_prompt_length_widens_instead_of_ending_the_run():
-    """A run died an hour in on one 106-token chain prompt (--prompt-length 104): now its batch is padded to the
-    next multiple of 8, every prompt intact at the right edge, the canvas after it."""
+    """A run died an hour in on one 106-token prompt of the chain task's first form (--prompt-length 104): now
+    its batch is padded to the next multiple of 8, every prompt intact at the right edge, the canvas after it."""
     from localleap_jax.checkpoint import EMBEDDED
 
-    cfg = train_tiny.TrainConfig(task="chain", prompt_length=16, batch_size=4, gen_length=64)
+    cfg = train_tiny.TrainConfig(task="chain", prompt_length=8, batch_size=4, gen_length=64)
     tok = train_tiny.build_tokenizer(cfg, EMBEDDED)
     tokens, mask, answer = train_tiny.make_batch(0, cfg, tok)
     width = tokens.shape[1] - cfg.gen_length
