@@ -70,7 +70,7 @@ class TrainConfig:
     n_layers: int = 4
     n_heads: int = 4
     mlp_hidden_size: int = 512
-    task: str = "math"  # synthetic_math.TASKS: "math" (tiny-math's), "chain", "chain3" (tiny-chain's)
+    task: str = "math"  # synthetic_math.TASKS: "math" (tiny-math's); "chain", "chain3", "chain6" (tiny-chain's stages)
 
 
 def build_tokenizer(cfg: TrainConfig, out_dir: Path) -> Tokenizer:

@@ -44,7 +44,8 @@ PARAM_DTYPES = ("bfloat16", "float16", "float32")  # what `load` restores parame
 # The small model trained by experiments/train_tiny.py, shipped inside the package.
 EMBEDDED = Path(__file__).resolve().parent / "assets" / "tiny-math"
 EMBEDDED_SDAR = Path(__file__).resolve().parent / "assets" / "tiny-math-sdar"  # its block-diffusion twin
-# Trained on the chain task, where committing a step's result before the step it builds on costs accuracy.
+# Trained on six-step chains (synthetic_math's chain6), where committing a step's result before the step it
+# builds on costs accuracy.
 EMBEDDED_CHAIN = Path(__file__).resolve().parent / "assets" / "tiny-chain"
 EMBEDDED_MODELS = {"embedded": EMBEDDED, "embedded-sdar": EMBEDDED_SDAR,  # the names `load` takes for them
                    "embedded-chain": EMBEDDED_CHAIN}

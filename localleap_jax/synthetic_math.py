@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import random
 from typing import Iterator
 
@@ -68,13 +69,13 @@ def make_problem(rng: random.Random) -> dict:
     return {"question": q, "answer": answer, "kind": kind}
 
 
-# Totals stay one digit: every number is one token at a fixed place in the worked answer, so what a position
-# holds is never in doubt, only its value (with totals up to 20 a one-token-per-step decode committed the "1"
-# of a two-digit result where a one-digit one belonged, and scored 7%).
+# Totals stay one digit, so every number is one token (with totals up to 20 a one-token-per-step decode
+# committed the "1" of a two-digit result where a one-digit one belonged, and scored 7%).
 MAX_TOTAL = 9
 
 
 LETTERS = "abcdefg"
+OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
 def make_chain_problem(rng: random.Random, steps: tuple[int, int] = (2, 4)) -> dict:
@@ -88,11 +89,10 @@ def make_chain_problem(rng: random.Random, steps: tuple[int, int] = (2, 4)) -> d
         prev, name = LETTERS[i], LETTERS[i + 1]
         ops = ["+"] * (total + 1 <= MAX_TOTAL) + ["-"] * (total >= 2) + ["*"] * (2 * total <= MAX_TOTAL)
         op = rng.choice(ops)
-        b = (2 if op == "*" else rng.randint(1, MAX_TOTAL - total) if op == "+" else rng.randint(1, total - 1))
-        new_total = total + b if op == "+" else total - b if op == "-" else total * 2
+        b = 2 if op == "*" else rng.randint(1, MAX_TOTAL - total if op == "+" else total - 1)
         said.append(f"{name} = {prev} {op} {b}.")
-        worked.append(f"{name} = {total} {op} {b} = {new_total}.")
-        total = new_total
+        worked.append(f"{name} = {total} {op} {b} = {OPS[op](total, b)}.")
+        total = OPS[op](total, b)
     q = " ".join(said) + f" What is {name}?"
     return {"question": q, "answer": " ".join(worked) + f"\n#### {total}", "kind": f"chain{len(worked)}"}
 
