@@ -78,6 +78,15 @@ LETTERS = "abcdefg"
 OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
+def _operation(op: str, b: int) -> str:
+    """A step's operator and operand as written: ` + 3`, ` - 3`, ` *2`. The tokenizer has `Ġ+` and `Ġ-` but
+    no `Ġ*`, so ` * 2` is one token longer; with it a worked answer's length, and so where its `####` line
+    falls, depended on how many doublings it held, and 66 of the 109 problems LocalLeap missed (one token per
+    pass solved them) had every step right and the answer line misplaced. Written ` *2`, every step of a
+    chain is the same number of tokens."""
+    return " *2" if op == "*" else f" {op} {b}"
+
+
 def make_chain_problem(rng: random.Random, steps: tuple[int, int] = (2, 4)) -> dict:
     """A chain of `steps` (low, high: inclusive) assignments on values in 1..MAX_TOTAL (`a = 3. b = a + 2.
     c = b - 1. What is c?`), each worked out in turn (`b = 3 + 2 = 5. c = 5 - 1 = 4.`, with every value kept
@@ -90,8 +99,8 @@ def make_chain_problem(rng: random.Random, steps: tuple[int, int] = (2, 4)) -> d
         ops = ["+"] * (total + 1 <= MAX_TOTAL) + ["-"] * (total >= 2) + ["*"] * (2 * total <= MAX_TOTAL)
         op = rng.choice(ops)
         b = 2 if op == "*" else rng.randint(1, MAX_TOTAL - total if op == "+" else total - 1)
-        said.append(f"{name} = {prev} {op} {b}.")
-        worked.append(f"{name} = {total} {op} {b} = {OPS[op](total, b)}.")
+        said.append(f"{name} = {prev}{_operation(op, b)}.")
+        worked.append(f"{name} = {total}{_operation(op, b)} = {OPS[op](total, b)}.")
         total = OPS[op](total, b)
     q = " ".join(said) + f" What is {name}?"
     return {"question": q, "answer": " ".join(worked) + f"\n#### {total}", "kind": f"chain{len(worked)}"}

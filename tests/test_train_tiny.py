@@ -8,10 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 import localleap_jax as ll
 import synthetic_math
 import train_tiny
+from localleap_jax.checkpoint import EMBEDDED
 from localleap_jax.model import forward
 
 TINY = ["--steps", "6", "--batch-size", "8", "--d-model", "32", "--n-layers", "1", "--n-heads", "2",
@@ -35,7 +37,7 @@ def test_splits_are_deterministic_and_disjoint():
 
 
 def test_chain_problems_work_every_step_out_and_keep_the_splits_apart():
-    """The chain task: 2-4 assignments on values in 1..9 (`a = 3. b = a + 2. ...`), each worked as
+    """The chain task: 2-4 assignments on values in 1..9 (`a = 3. b = a + 2. c = b *2. ...`), each worked as
     `name = x op y = z.` with z right, x the value of the name the step builds on, and op, y the question's."""
     import re
 
@@ -48,12 +50,13 @@ def test_chain_problems_work_every_step_out_and_keep_the_splits_apart():
     seen_ops = set()
     for p in a:
         work, final = p["answer"].split("\n#### ")
-        steps = re.findall(r"(\w) = (\d+) ([-+*]) (\d+) = (\d+)\.", work)
+        steps = re.findall(r"(\w) = (\d+) ?([-+*]) ?(\d+) = (\d+)\.", work)
         assert len(steps) == int(p["kind"][-1])
-        assert " ".join(f"{n} = {x} {o} {y} = {z}." for n, x, o, y, z in steps) == work
+        written = {"+": " + {}", "-": " - {}", "*": " *{}"}  # doubling: ` *2`, as many tokens as ` + 2`
+        assert " ".join(f"{n} = {x}{written[o].format(y)} = {z}." for n, x, o, y, z in steps) == work
         told = re.fullmatch(r"(\w) = (\d+)\. (.*) What is (\w)\?", p["question"])
         value = {told.group(1): int(told.group(2))}
-        said = re.findall(r"(\w) = (\w) ([-+*]) (\d+)\.", told.group(3))
+        said = re.findall(r"(\w) = (\w) ?([-+*]) ?(\d+)\.", told.group(3))
         assert [(n, o, y) for n, _, o, y in said] == [(n, o, y) for n, _, o, y, _ in steps]
         for (n, x, o, y, z), (_, built_on, _, _) in zip(steps, said):
             assert int(x) == value[built_on] and ops[o](int(x), int(y)) == int(z) and 1 <= int(z) <= 9
@@ -62,11 +65,16 @@ def test_chain_problems_work_every_step_out_and_keep_the_splits_apart():
         assert told.group(4) == steps[-1][0] and int(final) == value[steps[-1][0]]
     assert seen_ops == set(ops)
     # chain3 and chain6 (tiny-chain's stages): the same chains with exactly three / six steps, so every answer
-    # is one shape with its values and operators (which the question gives) filled in.
+    # is one shape with its values and operators (which the question gives) filled in, and one length in
+    # tokens: where the answer line falls does not depend on which operators the chain holds (with ` * 2`,
+    # a token longer than ` + 2`, it did, and that is where the parallel rules lost).
+    tokenizer = Tokenizer.from_file(str(EMBEDDED / "tokenizer.json"))
     for task, n in (("chain3", 3), ("chain6", 6)):
         fixed = synthetic_math.take("test", 300, seed=0, task=task)
         assert {p["kind"] for p in fixed} == {f"chain{n}"}
-        assert len({re.sub(r"[-+*]", "+", re.sub(r"\d", "9", p["answer"])) for p in fixed}) == 1
+        assert len({re.sub(r"\d", "9", re.sub(r" \*2| [-+] \d", " + 9", p["answer"])) for p in fixed}) == 1
+        assert {"*" in p["answer"] for p in fixed} == {True, False}
+        assert len({len(tokenizer.encode(p["answer"]).ids) for p in fixed}) == 1
         assert {p["question"][-10:] for p in fixed} == {f"What is {'abcdefg'[n]}?"}
         train_fixed = {p["question"] for p in synthetic_math.take("train", 3000, task=task)}
         assert not {p["question"] for p in fixed} & train_fixed
