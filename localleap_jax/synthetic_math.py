@@ -99,9 +99,10 @@ def make_chain_problem(rng: random.Random, steps: tuple[int, int] = (2, 4)) -> d
         ops = ["+"] * (total + 1 <= MAX_TOTAL) + ["-"] * (total >= 2) + ["*"] * (2 * total <= MAX_TOTAL)
         op = rng.choice(ops)
         b = 2 if op == "*" else rng.randint(1, MAX_TOTAL - total if op == "+" else total - 1)
-        said.append(f"{name} = {prev}{_operation(op, b)}.")
-        worked.append(f"{name} = {total}{_operation(op, b)} = {OPS[op](total, b)}.")
-        total = OPS[op](total, b)
+        step, value = _operation(op, b), OPS[op](total, b)
+        said.append(f"{name} = {prev}{step}.")
+        worked.append(f"{name} = {total}{step} = {value}.")
+        total = value
     q = " ".join(said) + f" What is {name}?"
     return {"question": q, "answer": " ".join(worked) + f"\n#### {total}", "kind": f"chain{len(worked)}"}
 
