@@ -4,7 +4,10 @@ LLaDA's SFT objective: the prompt is kept; the answer canvas (answer, EOT, then 
 `--gen-length`) is masked with ratio t ~ U(0, 1) per sample, and the loss is the
 cross-entropy on masked positions weighted by 1/t, averaged over the canvas length. The t of
 a batch are stratified (one per 1/B slice of [0, 1]) to cut the variance; each t is still
-marginally uniform.
+marginally uniform. `--decode-like F` masks a share F of the rows as block-by-block decoding sees
+them instead (the answer blocks of `--block-length` before a drawn block clean, that block at ratio
+t, every later block all masks; only that block scored): the case every commit of a decoding pass is
+decided in, which independent masking rarely shows (see `sft_loss`).
 
 Same `model.py` as inference; optax AdamW with warm-up and cosine decay; Orbax checkpoints
 every `--save-every` steps that a rerun resumes from; the output is a checkpoint directory
@@ -63,14 +66,37 @@ class TrainConfig:
     warmup: int = 200
     weight_decay: float = 0.01
     seed: int = 0
-    gen_length: int = 64  # answer canvas: answer + EOT + EOS padding
-    prompt_length: int = 72  # prompts are left-padded to this many tokens (a longer batch: to a multiple of 8)
+    gen_length: int = 64
+    prompt_length: int = 72
     vocab_size: int = 384
     d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
     mlp_hidden_size: int = 512
-    task: str = "math"  # synthetic_math.TASKS: "math" (tiny-math's); "chain", "chain3", "chain6" (tiny-chain's stages)
+    task: str = "math"
+    decode_like: float = 0.0
+    block_length: int = 16
+
+
+# What each TrainConfig field is, as `--help` prints it (with its default).
+FIELD_HELP = {
+    "steps": "optimizer steps",
+    "batch_size": "rows per step",
+    "lr": "peak learning rate (AdamW; linear warm-up, then cosine decay to 5%% of it)",
+    "warmup": "warm-up steps",
+    "weight_decay": "AdamW weight decay",
+    "seed": "seed of the data stream, the tokenizer corpus and the initialisation",
+    "gen_length": "answer canvas: answer + EOT + EOS padding, in tokens",
+    "prompt_length": "prompts are left-padded to this many tokens (a longer batch: to a multiple of 8)",
+    "vocab_size": "tokenizer vocabulary (built from the task's corpus; --init-from brings its own)",
+    "d_model": "model width",
+    "n_layers": "transformer blocks",
+    "n_heads": "attention heads",
+    "mlp_hidden_size": "SwiGLU hidden width",
+    "task": "synthetic_math.TASKS: math (tiny-math's), chain, chain3, chain6 (tiny-chain's stages)",
+    "decode_like": "share of rows masked as block-by-block decoding sees them (sft_loss; llada only)",
+    "block_length": "decode_like's blocks, and the export's default decoding block (llada)",
+}
 
 
 def build_tokenizer(cfg: TrainConfig, out_dir: Path) -> Tokenizer:
@@ -138,16 +164,34 @@ def make_batch(step: int, cfg: TrainConfig, tok: Tokenizer):
     return tokens, mask, answer
 
 
-def sft_loss(params, tokens, mask, answer, rng, *, config: ModelConfig):
+def sft_loss(params, tokens, mask, answer, rng, *, config: ModelConfig, decode_like: float = 0.0,
+             block_length: int = 16):
+    """LLaDA's SFT loss (see the module docstring). With `decode_like` > 0, that share of rows (drawn per row)
+    is masked as block-by-block decoding sees the canvas instead: a block j of `block_length` answer columns
+    is drawn uniformly, the blocks before it are clean, block j is masked at the row's ratio t, every block
+    after it is all masks, and only block j is scored (its masked cross-entropy weighted 1/t, over the
+    block's length). Under independent masking a masked value usually has a copy of itself in view (the
+    next step's operand), so the model rarely learns how sure to be when the steps after it are still
+    masks, which is the case every parallel commit of a block's first pass is decided in."""
     B, L = tokens.shape
-    k_t, k_m = jax.random.split(rng)
-    t = (jnp.arange(B) + jax.random.uniform(k_t, (B,))) / B  # stratified, marginally U(0, 1)
-    p_mask = (1 - 1e-3) * t + 1e-3  # LLaDA's floor keeps 1/t bounded
-    masked = answer & (jax.random.uniform(k_m, (B, L)) < p_mask[:, None])
+    p_mask, masked = noise(rng, answer, B)
+    scored, per_row_len = masked, answer.sum(axis=1)
+    if decode_like:
+        k_row, k_block, k_m = jax.random.split(jax.random.fold_in(rng, 1), 3)
+        column = jnp.cumsum(answer, axis=1) - 1  # answer column of each position (-1 before the canvas)
+        n_blocks = -(-per_row_len // block_length)
+        block = jnp.floor(jax.random.uniform(k_block, (B,)) * n_blocks).astype(jnp.int32)[:, None]
+        col_block = jnp.where(answer, column // block_length, -1)
+        in_block = col_block == block
+        block_masked = (in_block & (jax.random.uniform(k_m, (B, L)) < p_mask[:, None])) | (col_block > block)
+        decode_row = (jax.random.uniform(k_row, (B,)) < decode_like)[:, None]
+        masked = jnp.where(decode_row, block_masked, masked)
+        scored = jnp.where(decode_row, block_masked & in_block, masked)
+        per_row_len = jnp.where(decode_row[:, 0], in_block.sum(axis=1), per_row_len)
     noisy = jnp.where(masked, config.mask_token_id, tokens)
     logits = forward(params, noisy, mask, config)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens)
-    per_row = jnp.sum(jnp.where(masked, ce, 0.0), axis=1) / p_mask / answer.sum(axis=1)
+    per_row = jnp.sum(jnp.where(scored, ce, 0.0), axis=1) / p_mask / per_row_len
     return per_row.mean()
 
 
@@ -255,7 +299,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="work directory (Orbax training state lives in OUT/train_state)")
     ap.add_argument("--export", help="final checkpoint directory (default OUT/checkpoint)")
-    ap.add_argument("--save-every", type=int, default=250)
+    ap.add_argument("--save-every", type=int, default=250,
+                    help="save the training state every this many steps; a rerun resumes from it (default 250)")
     ap.add_argument("--export-only", action="store_true",
                     help="export the latest saved training state as a checkpoint directory, without training")
     ap.add_argument("--family", choices=("llada", "sdar"), default="llada",
@@ -264,7 +309,8 @@ def main(argv=None):
     ap.add_argument("--init-from", help="warm start: a checkpoint directory whose parameters of matching shape "
                                         "(and whose tokenizer) this run starts from")
     for f in dataclasses.fields(TrainConfig):
-        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                        help=f"{FIELD_HELP[f.name]} (default {f.default})")
     args = ap.parse_args(argv)
     if args.family == "llada" and args.block_size is not None:
         ap.error("--block-size is for --family sdar (LLaDA attends bidirectionally)")
@@ -272,14 +318,32 @@ def main(argv=None):
     if args.family == "sdar" and block_size < 1:
         ap.error(f"--block-size must be >= 1, got {block_size}")
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    for name in ("steps", "batch_size", "gen_length", "prompt_length", "vocab_size", "d_model", "n_layers",
+                 "n_heads", "mlp_hidden_size", "save_every"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not 0 <= cfg.warmup < cfg.steps or not cfg.lr > 0 or cfg.weight_decay < 0:
+        ap.error(f"need 0 <= --warmup < --steps, --lr > 0 and --weight-decay >= 0; got warmup {cfg.warmup}, "
+                 f"steps {cfg.steps}, lr {cfg.lr}, weight decay {cfg.weight_decay}")
+    if cfg.d_model % cfg.n_heads:
+        ap.error(f"--n-heads {cfg.n_heads} must divide --d-model {cfg.d_model}")
     if cfg.task not in synthetic_math.TASKS:
         ap.error(f"--task must be one of {', '.join(sorted(synthetic_math.TASKS))}, got {cfg.task!r}")
+    if not 0.0 <= cfg.decode_like <= 1.0:
+        ap.error(f"--decode-like is a share of rows, in [0, 1]; got {cfg.decode_like}")
+    if args.family == "llada" and (cfg.block_length < 1 or cfg.gen_length % cfg.block_length):  # sdar: --block-size
+        ap.error(f"--block-length must divide --gen-length {cfg.gen_length} (the export decodes in blocks of it), "
+                 f"got {cfg.block_length}")
+    if cfg.decode_like and args.family == "sdar":
+        ap.error("--decode-like is for --family llada (SDAR's objective already denoises block by block)")
     init_from = str(Path(args.init_from).resolve()) if args.init_from else None
     # The run's identity: TrainConfig, plus the new flags only when they are not the default (a LLaDA run from
     # scratch records, and resumes from, exactly what it always has).
     run_cfg = dataclasses.asdict(cfg)
     if cfg.task == "math":
         del run_cfg["task"]
+    if not cfg.decode_like:
+        del run_cfg["decode_like"], run_cfg["block_length"]
     if args.family == "sdar":
         run_cfg |= {"family": "sdar", "block_size": block_size}
     if init_from:
@@ -300,7 +364,8 @@ def main(argv=None):
         loss_fn = functools.partial(bd_sft_loss, config=config, gen_length=cfg.gen_length)
     else:
         config = model_config(cfg, tok)
-        loss_fn = functools.partial(sft_loss, config=config)
+        loss_fn = functools.partial(sft_loss, config=config, decode_like=cfg.decode_like,
+                                    block_length=cfg.block_length)
     schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup, cfg.steps, end_value=cfg.lr * 0.05)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0),
                             optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=cfg.weight_decay))
@@ -385,7 +450,7 @@ def main(argv=None):
                               "eval_data": "synthetic_math", "eval_data_spec": {"n": 500, "seed": cfg.seed}
                               | ({"task": cfg.task} if cfg.task != "math" else {}),
                               "eval_defaults": {"gen_length": cfg.gen_length,
-                                                "block_length": block_size if args.family == "sdar" else 16,
+                                                "block_length": block_size if args.family == "sdar" else cfg.block_length,
                                                 "num_fewshot": 0}
                               # the chain tasks are where committing early should cost accuracy: their default
                               # run puts the low threshold beside the paper's settings

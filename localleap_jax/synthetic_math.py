@@ -9,8 +9,8 @@ question or computed, so the model is unsure there. Parallel decoding has someth
 Four tasks. `math` (the embedded tiny-math model's): kinds `copy` (repeat a number from the question),
 `add` and `sub` (one step on single-digit operands); every token is settled by the question, so
 committing many at once costs little. `chain` (`train_tiny.py --task chain`): two to four assignments of +, -
-and doubling on values that stay in 1..9 ("a = 3. b = a * 2. c = b - 4. What is c?"), each worked out in
-turn ("b = 3 * 2 = 6. c = 6 - 4 = 2."), so a step's result is easy once the step before it is written and
+and doubling on values that stay in 1..9 ("a = 3. b = a *2. c = b - 4. What is c?"), each worked out in
+turn ("b = 3 *2 = 6. c = 6 - 4 = 2."), so a step's result is easy once the step before it is written and
 hard from the question alone; committing a result before the one it builds on is where parallel decoding
 loses. `chain3` and `chain6`: the same with exactly three / six steps (the
 embedded tiny-chain model's training stages; it answers chain6).
@@ -75,6 +75,8 @@ MAX_TOTAL = 9
 
 
 LETTERS = "abcdefg"
+MAX_OPERAND = MAX_TOTAL - 1  # of + and -
+DOUBLING_SHARE = 1 / 3  # of the steps whose value can double
 OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
@@ -96,9 +98,20 @@ def make_chain_problem(rng: random.Random, steps: tuple[int, int] = (2, 4)) -> d
     said, worked = [f"a = {total}."], []
     for i in range(rng.randint(*steps)):
         prev, name = LETTERS[i], LETTERS[i + 1]
-        ops = ["+"] * (total + 1 <= MAX_TOTAL) + ["-"] * (total >= 2) + ["*"] * (2 * total <= MAX_TOTAL)
-        op = rng.choice(ops)
-        b = 2 if op == "*" else rng.randint(1, MAX_TOTAL - total if op == "+" else total - 1)
+        # The operand of + and - is drawn before which of them (one that keeps the value in 1..MAX_TOTAL), and
+        # a doubling takes a fixed share of the steps that can double: a step's operator and operand then say
+        # little about its result. Drawn the other way round (the operator, then an operand that fits), ` + 1`
+        # came mostly from an 8 (P(result 9 | + 1) = 0.48), and a model that could not yet work a step out
+        # guessed 9 from the operator alone, and was sure of it; drawing every operator after the operand made
+        # doubling half of the steps from small values, with the same effect on ` *2`.
+        if 2 * total <= MAX_TOTAL and rng.random() < DOUBLING_SHARE:
+            op, b = "*", 2
+        else:
+            ops = []
+            while not ops:  # an operand neither + nor - can take with this total is drawn again
+                b = rng.randint(1, MAX_OPERAND)
+                ops = ["+"] * (total + b <= MAX_TOTAL) + ["-"] * (total - b >= 1)
+            op = rng.choice(ops)
         step, value = _operation(op, b), OPS[op](total, b)
         said.append(f"{name} = {prev}{step}.")
         worked.append(f"{name} = {total}{step} = {value}.")
@@ -141,9 +154,13 @@ def problems(split: str, seed: int, task: str = "math") -> Iterator[dict]:
 def take(split: str, n: int, seed: int = 0, unique: bool = True, task: str = "math") -> list[dict]:
     if n < 1:
         raise ValueError(f"take {n} problems: n must be at least 1")
-    out, seen = [], set()
+    out, seen, repeats = [], set(), 0
     for p in problems(split, seed, task):
         if unique and p["question"] in seen:
+            repeats += 1
+            if repeats > 100 * n + 10_000:  # a small task's split has fewer distinct questions than asked for
+                raise ValueError(f"the {task} task's {split} split has only about {len(out)} distinct problems; "
+                                 f"asked for {n}")
             continue
         seen.add(p["question"])
         out.append(p)

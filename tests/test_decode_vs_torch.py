@@ -122,8 +122,10 @@ def test_the_trace_equals_the_eager_record_pass_by_pass(sharp):
 
 
 # fp32 (JAX) against a float64 softmax over torch's fp32 logits: measured 4.3e-6 (localleap) and 4.9e-6
-# (low_confidence) on this model.
-TRACE_CONF_TOLERANCE = 6e-6
+# (low_confidence) on this model on one 2-core x86 machine, 6.2e-6 (localleap) on another (the same code and
+# packages: XLA's fp32 sums run in a different order on a different CPU). Still far below one bf16 rounding step
+# (2^-8 relative): a confidence computed in bf16 would not pass.
+TRACE_CONF_TOLERANCE = 1e-5
 
 
 def test_a_sweep_compiles_once_and_one_batch_holds_the_whole_grid(sharp):

@@ -506,14 +506,20 @@ def test_the_embedded_chain_model_scores_one_token_per_pass_above_a_low_threshol
     assert split_specs(default_strategies(read_model_config(EMBEDDED_CHAIN), manifest)) == [
         "low_confidence", "threshold:kappa=0.5", "threshold", "localleap"]
     out = tmp_path / "out"
-    assert eval_gsm8k.main(["--checkpoint", "embedded-chain", "--limit", "64", "--strategies",
-                            "low_confidence,threshold:kappa=0.5", "--output", str(out), "--no-compile-cache"]) == 0
+    # 64 x 80 passes of one token: in a process of its own, whose XLA optimises as a user's does (the suite's
+    # unoptimised programs, set in conftest for its many short tests, run this in twice the time).
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    run = subprocess.run([sys.executable, str(REPO / "experiments" / "eval_gsm8k.py"), "--checkpoint",
+                          "embedded-chain", "--limit", "64", "--strategies", "low_confidence,threshold:kappa=0.5",
+                          "--output", str(out), "--no-compile-cache"], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["gen_length"] == 80
     rows = _rows(out)
     assert all(r["question"].endswith("What is g?") for r in rows)  # the chain6 split, not tiny-math's problems
     one, low = summary["strategies"]["low_confidence"], summary["strategies"]["threshold:kappa=0.5"]
-    # Measured on these 64: 1.000 strict at NFE 80.0 against 0.891 at 5.6 (all 500: 0.994 against 0.834); the
-    # model before the constant-length chains (a ` * 2` step a token longer) scored 0.734 against 0.391.
+    # Measured on these 64: 1.000 strict at NFE 80.0 against 0.922 at 5.7 (all 500: 1.000 against 0.878); the
+    # model before the constant-length chains (a ` * 2` step a token longer) scored 0.734 against 0.391, tiny-math
+    # about level (0.834 against 0.838 on its 500).
     assert one["accuracy_strict"] >= 0.95 and one["mean_nfe"] == 80
-    assert low["accuracy_strict"] <= one["accuracy_strict"] - 0.07 and low["mean_nfe"] < 0.1 * one["mean_nfe"]
+    assert low["accuracy_strict"] <= one["accuracy_strict"] - 0.05 and low["mean_nfe"] < 0.1 * one["mean_nfe"]

@@ -124,6 +124,51 @@ def test_sft_loss_is_cross_entropy_on_masked_answer_tokens_weighted_by_one_over_
     assert got == pytest.approx(want, rel=1e-5)
 
 
+def test_decode_like_rows_see_clean_blocks_before_one_masked_block_and_masks_after_it():
+    """sft_loss(decode_like=...) against a row-by-row transcription with the same draws: a decode-like row keeps
+    the answer blocks before its block j clean, masks block j at its ratio t and every later block whole, and
+    scores block j alone (1/t, over the block's length); the other rows are LLaDA's loss as before. The case
+    happens: both kinds of row are drawn, and decode-like rows draw every block, the short last one too."""
+    cfg = ll.ModelConfig(d_model=32, n_heads=2, n_kv_heads=2, n_layers=1, mlp_hidden_size=64, vocab_size=50,
+                         embedding_size=50, mask_token_id=49, eos_token_id=48, pad_token_id=48)
+    params = ll.model.init_params(cfg, jax.random.key(0))
+    B, P, G, bl = 8, 5, 14, 4  # blocks of the canvas: columns 0-3, 4-7, 8-11, 12-13 (a short last one)
+    tokens = jnp.asarray(np.random.RandomState(0).randint(0, 48, (B, P + G)), jnp.int32)
+    mask = jnp.ones((B, P + G), bool)
+    answer = jnp.asarray(np.arange(P + G)[None, :] >= P).repeat(B, 0)
+    key = jax.random.key(6)
+    got = float(train_tiny.sft_loss(params, tokens, mask, answer, key, config=cfg, decode_like=0.5,
+                                    block_length=bl))
+    k_t, k_m = jax.random.split(key)
+    t = (np.arange(B) + np.asarray(jax.random.uniform(k_t, (B,)))) / B
+    p = (1 - 1e-3) * t + 1e-3
+    iid = np.asarray(jax.random.uniform(k_m, (B, P + G))) < p[:, None]
+    k_row, k_block, k_m2 = jax.random.split(jax.random.fold_in(key, 1), 3)
+    decode_row = np.asarray(jax.random.uniform(k_row, (B,))) < 0.5
+    block = (np.asarray(jax.random.uniform(k_block, (B,))) * 4).astype(int)  # 4 blocks
+    u = np.asarray(jax.random.uniform(k_m2, (B, P + G)))
+    masked, scored, length = np.zeros((B, P + G), bool), np.zeros((B, P + G), bool), np.full(B, G)
+    for b in range(B):
+        for col in range(P, P + G):
+            j = (col - P) // bl
+            if not decode_row[b]:
+                masked[b, col] = scored[b, col] = iid[b, col]
+            elif j == block[b]:
+                masked[b, col] = scored[b, col] = u[b, col] < p[b]
+            else:
+                masked[b, col] = j > block[b]
+        if decode_row[b]:
+            length[b] = min(bl, G - bl * block[b])
+    assert decode_row.any() and not decode_row.all()
+    assert set(block[decode_row]) == {0, 1, 2, 3}  # first, middle and the short last block all drawn
+    logits = np.asarray(forward(params, jnp.where(masked, 49, tokens), mask, cfg), np.float64)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    ce = -np.take_along_axis(logp, np.asarray(tokens)[..., None], -1)[..., 0]
+    want = np.mean([ce[b][scored[b]].sum() / p[b] / length[b] for b in range(B)])
+    assert got == pytest.approx(want, rel=1e-5)
+
+
+
 @pytest.fixture
 def compilations_shared_between_runs(tmp_path):
     """JAX's persistent compilation cache, in tmp_path and for one test: each train_tiny.main jits its train step
@@ -329,8 +374,10 @@ def test_sdar_run_warm_starts_and_exports_a_block_diffusion_checkpoint(tmp_path,
     saved = json.loads((run / "train_config.json").read_text())
     assert saved["family"] == "sdar" and saved["block_size"] == 4 and saved["init_from"]
     llada_saved = json.loads((base / "train_config.json").read_text())
-    # llada on the math task: as before (the task is recorded only when it is not the math one)
-    assert set(llada_saved) == {f.name for f in dataclasses.fields(train_tiny.TrainConfig)} - {"task"}
+    # llada on the math task: as before (the task is recorded only when it is not the math one, decode_like and
+    # its blocks only when rows are drawn decode-like)
+    assert set(llada_saved) == {f.name for f in dataclasses.fields(train_tiny.TrainConfig)} - {
+        "task", "decode_like", "block_length"}
     model = ll.load(run / "checkpoint", dtype="float32")
     assert model.config.family == "sdar" and model.config.block_size == 4 and model.config.qk_norm
     hf = json.loads((run / "checkpoint" / "config.json").read_text())
@@ -342,3 +389,19 @@ def test_sdar_run_warm_starts_and_exports_a_block_diffusion_checkpoint(tmp_path,
     assert "adapting a pretrained model" in (run / "checkpoint" / "README.md").read_text()
     with pytest.raises(SystemExit):
         train_tiny.main(["--out", str(tmp_path / "x"), *TINY, "--block-size", "8"])  # llada has no blocks
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--steps", "0"], "--steps must be >= 1, got 0"),
+    (["--save-every", "0"], "--save-every must be >= 1, got 0"),
+    (["--warmup", "6"], "need 0 <= --warmup < --steps"),
+    (["--lr", "0"], "--lr > 0 and --weight-decay >= 0; got warmup 2, steps 6, lr 0.0"),
+    (["--n-heads", "3"], "--n-heads 3 must divide --d-model 32"),
+    (["--decode-like", "1.5"], "--decode-like is a share of rows"),
+    (["--block-length", "5"], "--block-length must divide --gen-length 64"),
+])
+def test_bad_training_flags_end_in_one_line_before_anything_is_built(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_:
+        train_tiny.main(["--out", str(tmp_path / "run"), *TINY, *flags])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # refused before the work directory is made
