@@ -168,7 +168,6 @@ def test_decode_like_rows_see_clean_blocks_before_one_masked_block_and_masks_aft
     assert got == pytest.approx(want, rel=1e-5)
 
 
-
 @pytest.fixture
 def compilations_shared_between_runs(tmp_path):
     """JAX's persistent compilation cache, in tmp_path and for one test: each train_tiny.main jits its train step
