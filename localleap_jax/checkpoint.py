@@ -20,8 +20,8 @@ import hashlib
 import json
 import os
 import shutil
+import secrets
 import signal
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -106,11 +106,20 @@ def atomic_directory(out: str | Path) -> Iterator[Path]:
     out = check_output_path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     except OSError as e:
         raise CheckpointError(f"cannot write {out}: {e.strerror or e}") from None
+    # Named before it exists and made inside the try: a Ctrl-C landing just after mkdir made it (inside mkdtemp
+    # it would escape before the name came back) still finds it to remove. 64 random bits: no collision to retry.
+    tmp = out.parent / f".{out.name}.partial-{secrets.token_hex(8)}"
+    ours = True
     try:
-        os.chmod(tmp, 0o777 & ~_umask())
+        try:
+            tmp.mkdir(mode=0o777)  # minus the umask, as a plain mkdir: a checkpoint is meant to be read by others
+        except FileExistsError:
+            ours = False
+            raise CheckpointError(f"cannot write {out}: {tmp} already exists") from None
+        except OSError as e:
+            raise CheckpointError(f"cannot write {out}: {e.strerror or e}") from None
         yield tmp
         if out.exists():
             out.rmdir()
@@ -118,13 +127,8 @@ def atomic_directory(out: str | Path) -> Iterator[Path]:
     except OSError as e:  # disk full, permissions, ...: one line naming the output
         raise CheckpointError(f"could not write {out}: {e}") from None
     finally:
-        _remove_tree(tmp)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+        if ours:
+            _remove_tree(tmp)
 
 
 def _remove_tree(path: Path) -> None:

@@ -143,3 +143,32 @@ def test_converted_checkpoints_take_the_umask_mode(tmp_path, hf_checkpoint):
     assert (out.stat().st_mode & 0o777) == 0o750
     assert ((out / "manifest.json").stat().st_mode & 0o777) == 0o640
     assert ((out / "params").stat().st_mode & 0o777) == 0o750
+
+
+def test_an_interrupt_just_after_the_partial_directory_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """A Ctrl-C that lands the moment mkdir has made the temporary directory (the conversion test's "copying"
+    moment once failed so, in a clean-clone CI run: mkdtemp made it and the interrupt escaped before its name came
+    back) unwinds with nothing beside the output; the directory has the plain-mkdir mode, not mkdtemp's 0700."""
+    real_mkdir, made = os.mkdir, []
+
+    def mkdir_then_interrupt(path, mode=0o777, **kw):
+        real_mkdir(path, mode, **kw)
+        if ".partial-" in os.fspath(path):
+            made.append(Path(path))
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        with checkpoint.atomic_directory(tmp_path / "out"):
+            pass
+    monkeypatch.undo()
+    assert len(made) == 1 and made[0].parent == tmp_path  # the interrupt really came after the directory existed
+    assert list(tmp_path.iterdir()) == []
+
+    umask = os.umask(0o022)
+    try:
+        with checkpoint.atomic_directory(tmp_path / "out") as tmp:
+            assert tmp.name.startswith(".out.partial-") and (tmp.stat().st_mode & 0o777) == 0o755
+    finally:
+        os.umask(umask)
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
