@@ -19,8 +19,8 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import secrets
+import shutil
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
