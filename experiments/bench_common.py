@@ -55,7 +55,7 @@ def torch_twin(model: Model, dtype=None):
     tensor names, on the same device kind."""
     import torch
 
-    from localleap_jax import reference_torch
+    from oracles import bidirectional as reference_torch
     from localleap_jax.families import hf_tensors
 
     device = "cuda" if on_gpu() and torch.cuda.is_available() else "cpu"

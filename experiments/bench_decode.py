@@ -8,7 +8,7 @@
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python experiments/bench_decode.py --no-torch \\
         --batch 8 --mesh "data=8,model=1;data=4,model=2;data=2,model=4;data=1,model=8"   # meshes side by side
 
-The PyTorch side is `localleap_jax.reference_torch.eager_generate`: the published style (Python
+The PyTorch side is `oracles.bidirectional.eager_generate`: the published style (Python
 per step, float64 softmax, transformers Llama run bidirectionally, no KV cache). The JAX side is
 one compiled `lax.while_loop`, timed on a second call (compile time shown apart). Random weights
 give flat confidences, so `--shape llada-8b` pins the schedule (`--tokens-per-step`, default 4,
@@ -25,7 +25,7 @@ the LM head on the whole canvas vs on the current block only.
 so their tokens/s stand side by side (on CPU's virtual devices, a sanity check only).
 
 Side by side with Fast-dLLM (`--fast-dllm`, default none,prefix,dual; "" to skip): per cache mode, JAX
-`ll.generate(cache=m)` next to Fast-dLLM's loop of the same mode (`localleap_jax.reference_fast_dllm`: their
+`ll.generate(cache=m)` next to Fast-dLLM's loop of the same mode (`oracles.fast_dllm`: their
 `generate` / `generate_with_prefix_cache` / `generate_with_dual_cache` on the same transformers Llama), same
 model, prompts and rule (threshold and low_confidence through their get_transfer_index, other rules through
 reference_rules), greedy. Printed: whether the tokens agree (all rows, else how many), whether each row's NFE
@@ -116,7 +116,7 @@ def step_functions(model, P: int, cfg):
 def fast_dllm_rule(strategy: str, steps: int | None) -> dict:
     """The Fast-dLLM loop's rule arguments for a strategy name with its default settings: threshold and
     low_confidence as their get_transfer_index has them, any other rule eagerly (reference_rules)."""
-    from localleap_jax import reference_rules
+    from oracles import rules as reference_rules
 
     if strategy == "threshold":
         return {"threshold": reference_rules.Threshold.defaults["kappa"]}
@@ -131,7 +131,7 @@ def timed_fast_dllm(loop, twin, ids, mask, *, G: int, T: int, mask_id: int, rule
     """Fast-dLLM's loop, warmed up once, then run `reps` times: (FastResult, median seconds)."""
     import torch
 
-    from localleap_jax import reference_rules
+    from oracles import rules as reference_rules
 
     tmodel, device = twin
     t_ids, t_mask = torch.tensor(ids, device=device), torch.tensor(mask, device=device)
@@ -152,7 +152,7 @@ def side_by_side_row(model, twin, ids, mask, strategy: str, steps: int | None, G
     that mode; each side's median time over `reps` runs."""
     import statistics
 
-    from localleap_jax import reference_fast_dllm
+    from oracles import fast_dllm as reference_fast_dllm
 
     fast, secs = timed_fast_dllm(reference_fast_dllm.LOOPS[cache], twin, ids, mask, G=G, T=T,
                                  mask_id=model.config.mask_token_id, rule=fast_dllm_rule(strategy, steps), reps=reps)
@@ -217,7 +217,7 @@ def main(argv=None):
     meshes = parse_meshes(args.mesh) if args.mesh else []
 
     import localleap_jax as ll
-    from localleap_jax import reference_torch
+    from oracles import bidirectional as reference_torch
 
     dtype = jnp.dtype(args.dtype or ("bfloat16" if on_gpu() else "float32"))
     small = args.shape == "embedded"

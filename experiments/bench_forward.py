@@ -52,7 +52,7 @@ def main(argv=None):
         if twin is not None:
             import torch
 
-            from localleap_jax.reference_torch import bidirectional_logits
+            from oracles.bidirectional import bidirectional_logits
             tmodel, device = twin
             t_ids, t_mask = torch.tensor(ids, device=device), torch.tensor(mask, device=device)
 

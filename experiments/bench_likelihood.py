@@ -1,6 +1,6 @@
 """Log-likelihood throughput: `ll.loglikelihood` (every Monte-Carlo mini-batch of a group of requests in one compiled
 program) next to LLaDA's own loop (`eval_llada.py`'s get_loglikelihood, one request at a time, transcribed in
-`localleap_jax.reference_likelihood`) on transformers' Llama holding the same random weights, side by side in one run.
+`oracles.likelihood`) on transformers' Llama holding the same random weights, side by side in one run.
 
     nice -n 10 .venv/bin/python experiments/bench_likelihood.py           # the `small` shape, ~1 min on 2 CPU cores
     .venv/bin/python experiments/bench_likelihood.py --requests 64 --mc-num 128 --mc-batch-size 32 --cfg 0.5
@@ -32,9 +32,9 @@ import torch  # noqa: E402
 
 import localleap_jax as ll  # noqa: E402
 from bench_common import random_model, torch_twin  # noqa: E402
-from localleap_jax import reference_likelihood  # noqa: E402
+from oracles import likelihood as reference_likelihood  # noqa: E402
 from localleap_jax.compile_cache import compiled_programs  # noqa: E402
-from localleap_jax.reference_torch import bidirectional_logits  # noqa: E402
+from oracles.bidirectional import bidirectional_logits  # noqa: E402
 
 torch.set_num_threads(N_THREADS)
 

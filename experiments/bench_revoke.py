@@ -1,5 +1,5 @@
 """WINO (a rule that takes commits back) through the compiled JAX loop next to the authors' loop (`decoding_wino`,
-transcribed eagerly in `localleap_jax.reference_revoke`: one forward pass of [canvas | masked copy of the block]
+transcribed eagerly in `oracles.revoke`: one forward pass of [canvas | masked copy of the block]
 per step under WINO's 4D mask) on transformers' Llama holding the same random weights, side by side in one run.
 
     nice -n 10 .venv/bin/python experiments/bench_revoke.py           # `small` shape, ~1 min on 2 CPU cores
@@ -31,7 +31,7 @@ import torch  # noqa: E402
 
 import localleap_jax as ll  # noqa: E402
 from bench_common import random_model, torch_twin  # noqa: E402
-from localleap_jax import reference_revoke  # noqa: E402
+from oracles import revoke as reference_revoke  # noqa: E402
 from localleap_jax.checkpoint import Model  # noqa: E402
 from localleap_jax.tokenizer import left_pad  # noqa: E402
 

@@ -78,7 +78,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import localleap_jax as ll  # noqa: E402
-from localleap_jax import reference_sdar  # noqa: E402
+from oracles import sdar as reference_sdar  # noqa: E402
 
 torch.set_num_threads(N_THREADS)
 try:

@@ -12,7 +12,7 @@ Sections, printed with their elapsed time and written to --json (default gpu_rep
   forward     one bidirectional forward to logits [B, L, V] at L=--length (1152): ms and TFLOP/s, JAX's
               `model.forward` vs transformers' Llama with a boolean 4D mask; ratio torch ms / JAX ms
   caches      ms per step and tokens/s for every cache mode (none / prefix / dual): JAX `ll.generate(cache=m)` vs
-              Fast-dLLM's loop of that mode (localleap_jax.reference_fast_dllm), low_confidence pinned at
+              Fast-dLLM's loop of that mode (oracles.fast_dllm), low_confidence pinned at
               --tokens-per-step (random weights give flat confidences, so thresholds would commit one token a
               step); ratio JAX tokens/s / Fast-dLLM tokens/s, and whether the tokens agree (bf16 on two stacks
               with flat confidences: expect them to drift apart; agreement is checked in the fp32 tests)
@@ -111,7 +111,7 @@ def forward_section(sec: Section, model, twin, batches, L: int, reps: int) -> di
     import torch
 
     from localleap_jax.model import forward
-    from localleap_jax.reference_torch import bidirectional_logits
+    from oracles.bidirectional import bidirectional_logits
 
     fwd = jax.jit(forward, static_argnames="config")
     tmodel, device = twin
@@ -158,7 +158,7 @@ def decode_pair(model, twin, ids, *, strategy: str, cache: str, G: int, T: int, 
     import torch
 
     import localleap_jax as ll
-    from localleap_jax import reference_fast_dllm, reference_rules
+    from oracles import fast_dllm as reference_fast_dllm, reference_rules
 
     B, P = ids.shape
     rule = ll.rule(strategy, steps=steps) if strategy == "low_confidence" else ll.rule(strategy)

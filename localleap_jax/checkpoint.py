@@ -34,7 +34,7 @@ import numpy as np
 
 from localleap_jax.config import ConfigError, ModelConfig
 from localleap_jax.denoiser import ModelDenoiser, SpecialIds
-from localleap_jax.errors import first_line
+from localleap_jax.errors import CheckpointError, first_line
 from localleap_jax.model import Params, init_params
 from localleap_jax.partition import model_split_axis, param_shardings, path_names
 from localleap_jax.tokenizer import TOKENIZER_FILES, Tokenizer, TokenizerError
@@ -49,10 +49,6 @@ EMBEDDED_SDAR = Path(__file__).resolve().parent / "assets" / "tiny-math-sdar"  #
 EMBEDDED_CHAIN = Path(__file__).resolve().parent / "assets" / "tiny-chain"
 EMBEDDED_MODELS = {"embedded": EMBEDDED, "embedded-sdar": EMBEDDED_SDAR,  # the names `load` takes for them
                    "embedded-chain": EMBEDDED_CHAIN}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory that is missing, incomplete or does not match its config."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,11 +18,9 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
+from localleap_jax.errors import ConfigError
+
 FAMILIES = ("llada", "dream", "sdar")
-
-
-class ConfigError(ValueError):
-    """A config.json this package cannot run faithfully."""
 
 
 @dataclasses.dataclass(frozen=True)

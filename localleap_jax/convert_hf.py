@@ -33,7 +33,7 @@ from tqdm import tqdm
 from localleap_jax.checkpoint import (EMBEDDED, EMBEDDED_MODELS, CheckpointError, abstract_params, atomic_directory,
                                      check_output_path, write_checkpoint_files)
 from localleap_jax.config import ConfigError, ModelConfig
-from localleap_jax.errors import first_line
+from localleap_jax.errors import ConversionError, first_line
 from localleap_jax.families import tensor_map
 from localleap_jax.hashing import sha256_file
 from localleap_jax.tokenizer import SDAR_MASK_TOKEN
@@ -44,10 +44,6 @@ _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _HUB_PATTERNS = ["*.safetensors", "*.json", "tokenizer*", "*.jinja", "merges.txt"]
 FAMILY_NAMES = {"llada": "LLaDA", "dream": "Dream", "sdar": "SDAR"}
 CACHE_DIR = Path("~/.cache/localleap_jax/checkpoints").expanduser()
-
-
-class ConversionError(RuntimeError):
-    """Anything about the source that stops a faithful conversion; the message says what."""
 
 
 # ---------------------------------------------------------------- safetensors, read by hand
@@ -123,7 +119,6 @@ def read_source_config(local: Path) -> tuple[dict, ModelConfig]:
         return hf_config, ModelConfig.from_hf_dict(hf_config)
     except ConfigError as e:
         raise ConversionError(str(e)) from None
-
 
 
 def _complete_sdar_config(local: Path, hf_config: dict) -> dict:

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from localleap_jax.rules.base import DecodeError
+from localleap_jax.errors import DecodeError
 
 DATA, MODEL = "data", "model"
 

@@ -19,17 +19,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from localleap_jax.errors import first_line
+from localleap_jax.errors import DistributedError, LostProcessError, first_line
 
 EXIT_LOST = 2
-
-
-class DistributedError(ValueError):
-    """The processes cannot be set up as asked (flags, environment, a coordinator that never answered)."""
-
-
-class LostProcessError(RuntimeError):
-    """Another process of the run died or stopped answering in the middle of a collective."""
 
 
 # ---------------------------------------------------------------- joining the processes
@@ -137,7 +129,7 @@ def initialize(processes: Processes, timeout: float | None = None) -> None:
 
     if xla_bridge.backends_are_initialized():
         raise DistributedError("the processes must be joined before JAX starts computing: call "
-                               "localleap_jax.multihost.initialize first thing")
+                               "localleap_jax.processes.initialize first thing")
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # accelerators ignore this
     # The preemption service would only add warnings when a peer dies; nothing here uses it.
     jax.config.update("jax_enable_preemption_service", False)

@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from localleap_jax.errors import first_line
+from localleap_jax.errors import TokenizerError, first_line
 
 MASK_TOKEN = "<|mdm_mask|>"
 EOS_TOKEN = "<|endoftext|>"
@@ -49,10 +49,6 @@ CHATML_CHAT_TEMPLATE = (
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json")
-
-
-class TokenizerError(ValueError):
-    """A tokenizer that cannot be used with its model."""
 
 
 class Tokenizer:

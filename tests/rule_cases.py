@@ -1,7 +1,7 @@
 """Fixed boundary cases for every commit rule, computed by hand (issue #9, issue #13 item 2).
 
 Pure data: no import of the code under test, so the same table checks the eager oracle
-(`localleap_jax.reference_rules`, tests/test_reference_rules.py) and the compiled JAX rules.
+(`oracles.rules`, tests/test_reference_rules.py) and the compiled JAX rules.
 
 A `Case` is one row fed `steps` in order: a stateful rule sees them as consecutive passes of the row;
 `Step.new_block=True` means the row entered a new block before that pass (reset the state; its

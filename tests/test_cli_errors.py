@@ -4,7 +4,7 @@ offending flag, file or field, no traceback, and nothing left behind (no output,
 Converter (`python -m convert ...`): one table per family, bad paths, and Ctrl-C at several moments of a
 conversion, inside Orbax's write included.
 
-Evaluation (`experiments/eval_gsm8k.py`, `python -m localleap_jax.lm_eval_adapter`): one table, ROWS, of
+Evaluation (`experiments/eval_gsm8k.py`, `python -m localleap_jax.lm_eval`): one table, ROWS, of
 (name, command, error). A failure before lm-eval starts prints that line alone; once lm-eval runs, its
 logging and progress bars come before it. `command` starts with a program alias from PROGRAMS and may use
 {tmp} (a directory of prepared inputs, see `inputs`) and {out} (a path no row creates); eval_gsm8k rows get
@@ -71,9 +71,9 @@ def _eval_main():
 
 
 def _adapter_main():
-    from localleap_jax.lm_eval_adapter import main
+    from localleap_jax.lm_eval import main
 
-    return main  # `python -m localleap_jax.lm_eval_adapter` runs sys.exit(main())
+    return main  # `python -m localleap_jax.lm_eval` runs sys.exit(main())
 
 
 JAX_CACHE_FLAGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
@@ -398,7 +398,7 @@ def test_ctrl_c_at_any_moment_leaves_no_partial_directory(tmp_path, big_source, 
 
 PROGRAMS = {  # alias -> (the real program's arguments to python, its entry: what that program calls)
     "eval": (["experiments/eval_gsm8k.py"], _eval_main),
-    "adapter": (["-m", "localleap_jax.lm_eval_adapter"], _adapter_main),
+    "adapter": (["-m", "localleap_jax.lm_eval"], _adapter_main),
 }
 ADAPTER = "adapter --model localleap --model_args checkpoint=embedded"
 

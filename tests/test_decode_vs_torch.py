@@ -9,7 +9,8 @@ import torch
 
 import localleap_jax as ll
 from rule_cases import EVERY_RULE
-from localleap_jax import decode, reference_torch
+from localleap_jax import decode
+from oracles import bidirectional as reference_torch
 from localleap_jax.compile_cache import compiled_programs
 from localleap_jax.tokenizer import left_pad
 from helpers import random_llada_tensors, tiny_hf_config, write_hf_checkpoint
@@ -68,8 +69,8 @@ def test_left_padded_batch_matches_the_eager_oracle_row_by_row(sharp, setting):
 @pytest.mark.parametrize("name", sorted(EVERY_RULE))
 def test_every_rule_matches_its_eager_transcription_with_every_clause_used(sharp, name):
     """Tokens, NFE and the commits of each clause of the rule equal the eager transcription of its
-    published form (localleap_jax.reference_rules), on a model whose confidences spread."""
-    from localleap_jax import reference_rules
+    published form (oracles.rules), on a model whose confidences spread."""
+    from oracles import rules as reference_rules
 
     model, torch_model = sharp
     G, T = 32, 8

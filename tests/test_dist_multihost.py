@@ -220,7 +220,7 @@ MISTAKES_SCRIPT = r"""
 import contextlib, io, json, sys
 sys.path.insert(0, sys.argv[3])
 import eval_gsm8k
-from localleap_jax import lm_eval_adapter
+from localleap_jax import lm_eval
 out = []
 for flags in json.loads(sys.argv[1]):
     err = io.StringIO()
@@ -233,7 +233,7 @@ for flags in json.loads(sys.argv[1]):
 for model_args in json.loads(sys.argv[2]):
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        code = lm_eval_adapter.main(["--model", "localleap", "--model_args", "checkpoint=embedded," + model_args,
+        code = lm_eval.main(["--model", "localleap", "--model_args", "checkpoint=embedded," + model_args,
                                      "--tasks", "gsm8k", "--limit", "1"])
     out.append([code, err.getvalue()])
 print(json.dumps(out))

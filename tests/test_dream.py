@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import localleap_jax as ll
-from localleap_jax import reference_torch
+from oracles import bidirectional as reference_torch
 from localleap_jax.config import ConfigError, ModelConfig
 from localleap_jax.model import forward, head, positions_from_mask, trunk
 from localleap_jax.tokenizer import left_pad

@@ -16,23 +16,20 @@ import pytest
 from helpers import REPO
 
 # Each top-level module or subpackage of localleap_jax, by layer (lowest first). A module may import modules
-# of lower layers and of its own package; leaves import nothing of the package but the base helpers (and
-# `partition` the rules' DecodeError).
+# of lower layers and of its own package; leaves import nothing of the package but the base helpers.
 LAYERS = {
     "base": {"errors", "hashing"},
     "leaves": {"config", "tokenizer", "trace", "rules", "compile_cache", "processes", "partition", "synthetic_math"},
     "core": {"model", "families", "denoiser", "decode", "dynamics", "likelihood"},
     "storage": {"checkpoint"},
     "conversion": {"convert_hf"},
-    "distribution": {"dist", "sharding", "parallel", "multihost"},
+    "distribution": {"dist"},
     "front door": {"api", ""},  # "": the package face, localleap_jax/__init__.py
-    "adapters": {"lm_eval", "lm_eval_adapter", "gsm8k"},
-    "oracles": {"reference_torch", "reference_rules", "reference_sdar", "reference_likelihood", "reference_revoke",
-                "reference_fast_dllm"},  # independent references for tests and benchmarks only
+    "adapters": {"lm_eval", "gsm8k"},
 }
 LAYER_RANK = {layer: rank for rank, layer in enumerate(LAYERS)}
 RANK = {unit: LAYER_RANK[layer] for layer, units in LAYERS.items() for unit in units}
-LEAF_EXCEPTIONS = {("partition", "rules")}
+LEAF_EXCEPTIONS: set[tuple[str, str]] = set()
 DISTRIBUTION_LEAVES = {"partition", "processes"}  # leaves the core must not import all the same
 
 
@@ -92,15 +89,13 @@ def check(root: Path, package: str = "localleap_jax", outside: set[str] = frozen
                 continue
             if b not in RANK or a not in RANK:
                 problems.append(f"{where}: {b or a!r} is in no layer (add it to LAYERS)")
-            elif b in LAYERS["oracles"] and a not in LAYERS["oracles"]:
-                problems.append(f"{where}: {a} imports the test oracle {b}")
             elif a in LAYERS["leaves"] and RANK[b] >= RANK[a] and (a, b) not in LEAF_EXCEPTIONS:
                 problems.append(f"{where}: the leaf {a} imports {b}")
             elif a in LAYERS["core"] and (b in DISTRIBUTION_LEAVES or RANK[b] >= LAYER_RANK["distribution"]):
                 problems.append(f"{where}: the core ({a}) imports distribution ({b})")
             elif a == "checkpoint" and (b == "processes" or RANK[b] > RANK[a]):
                 problems.append(f"{where}: checkpoint reading imports {b}")
-            elif RANK[b] > RANK[a] and a not in LAYERS["oracles"]:
+            elif RANK[b] > RANK[a]:
                 problems.append(f"{where}: {a} ({_layer(a)}) imports {b} ({_layer(b)}), a layer above it")
         graph[name] = deps
     problems += [f"import cycle: {' -> '.join(c)}" for c in cycles(graph)]
@@ -145,8 +140,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def command_line_names() -> set[str]:
-    """`convert`, `experiments` and every module of experiments/ (scripts put that directory on sys.path)."""
-    return {"convert", "experiments", *(p.stem for p in (REPO / "experiments").glob("*.py"))}
+    """`convert`, `experiments`, `oracles` (the tests' independent references, never installed) and every module
+    of experiments/ (scripts put that directory on sys.path)."""
+    return {"convert", "experiments", "oracles", *(p.stem for p in (REPO / "experiments").glob("*.py"))}
 
 
 def test_the_library_keeps_its_layers():
@@ -180,13 +176,36 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     ({"rules/__init__.py": "from localleap_jax.rules.base import B\n", "rules/base.py": "import localleap_jax.trace\n",
       "trace.py": ""}, "the leaf rules imports trace"),
     ({"api.py": "import eval_gsm8k\n"}, "the library imports eval_gsm8k"),
-    ({"config.py": "from localleap_jax import reference_rules\n", "reference_rules.py": ""},
-     "config imports the test oracle reference_rules"),
+    ({"config.py": "from oracles import rules\n"}, "the library imports oracles"),
     ({"convert_hf.py": "from localleap_jax.api import load\n", "api.py": ""}, "a layer above it"),
 ])
 def test_the_checker_catches_each_broken_rule(tmp_path, files, wanted):
-    problems = check(_package(tmp_path, files), outside={"eval_gsm8k"})
+    problems = check(_package(tmp_path, files), outside={"eval_gsm8k", "oracles"})
     if wanted is None:
         assert problems == []
     else:
         assert any(wanted in p for p in problems), problems
+
+
+TORCH_FREE = r"""
+import importlib, pkgutil, sys
+sys.modules["torch"] = None  # `import torch` raises ImportError; find_spec("torch") says it is absent
+import localleap_jax
+names = [m.name for m in pkgutil.walk_packages(localleap_jax.__path__, "localleap_jax.")
+         if not m.name.startswith("localleap_jax.lm_eval")]  # lm-eval itself needs torch
+for name in names:
+    importlib.import_module(name)
+assert "torch" not in {k for k, v in sys.modules.items() if v is not None}
+print(len(names))
+"""
+
+
+def test_the_library_imports_without_torch():
+    """`import localleap_jax` and every module under it, the lm-eval adapter aside, with torch unimportable (it is
+    only in the test extra). Fails when any library module imports torch, even inside a function run at import."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", TORCH_FREE], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.strip()) > 40  # every module was imported, not an empty walk

@@ -1,4 +1,4 @@
-"""ll.loglikelihood against the authors' estimators (localleap_jax.reference_likelihood, an eager PyTorch
+"""ll.loglikelihood against the authors' estimators (oracles.likelihood, an eager PyTorch
 transcription run on transformers' Llama / Qwen2 holding the same weights): exact where the estimator is
 exact, unbiased against the float64 expectation over every mask set, independent of the batch a request is in,
 reproducible from its seed, and refusing bad input in one line."""
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import localleap_jax as ll
-from localleap_jax import reference_likelihood as ref
+from oracles import likelihood as ref
 from localleap_jax.likelihood import run as likelihood_run
 from localleap_jax.likelihood.estimators import MaskCount, Noise
-from localleap_jax.reference_torch import bidirectional_logits, llama_from_llada, qwen2_from_dream
+from oracles.bidirectional import bidirectional_logits, llama_from_llada, qwen2_from_dream
 from localleap_jax.tokenizer import left_pad
 
 

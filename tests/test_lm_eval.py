@@ -434,17 +434,15 @@ def test_an_answer_is_cached_only_after_its_stats_are_written(embedded, local_ta
     assert lm.model_calls == 1 and _answer_keys(cache + "_rank0.db") == []
 
 
-# ---------------------------------------------------------------- the package's earlier name and lm-eval's entry point
+# ---------------------------------------------------------------- lm-eval's entry point
 
 
-def test_the_earlier_module_and_the_entry_point_name_the_package_s_class():
+def test_the_entry_point_names_the_package_s_class():
     import importlib
     import tomllib
 
     from helpers import REPO
-    from localleap_jax import lm_eval, lm_eval_adapter
 
-    assert all(getattr(lm_eval_adapter, name) is getattr(lm_eval, name) for name in lm_eval_adapter.__all__)
     entry = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["lm_eval.models"]
     module, _, name = entry["localleap"].partition(":")
     assert getattr(importlib.import_module(module), name) is LocalLeapLM

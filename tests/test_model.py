@@ -15,7 +15,7 @@ import torch
 
 import localleap_jax as ll
 from localleap_jax import model as model_module
-from localleap_jax import reference_torch
+from oracles import bidirectional as reference_torch
 from localleap_jax.model import attention, forward, head, positions_from_mask, rms_norm, rope, trunk
 
 import near_misses

@@ -1,4 +1,4 @@
-"""Fast-dLLM's three LLaDA loops (localleap_jax.reference_fast_dllm, on transformers' Llama) against
+"""Fast-dLLM's three LLaDA loops (oracles.fast_dllm, on transformers' Llama) against
 `ll.generate(cache=none | prefix | dual)`, on the embedded trained model: same tokens, same NFE.
 
 The case is chosen so that agreeing means something: on these prompts the caches change the tokens (rows 7 and
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import localleap_jax as ll
-from localleap_jax import reference_fast_dllm as fd
-from localleap_jax import reference_rules, reference_torch
+from oracles import fast_dllm as fd
+from oracles import rules as reference_rules, reference_torch
 
 G, T = 64, 16
 PROMPT_LENGTH = 49  # equal-length prompts: Fast-dLLM's loops take no attention mask

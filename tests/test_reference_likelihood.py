@@ -1,4 +1,4 @@
-"""localleap_jax.reference_likelihood: the PyTorch transcription of LLaDA's and Dream's Monte-Carlo
+"""oracles.likelihood: the PyTorch transcription of LLaDA's and Dream's Monte-Carlo
 log-likelihood estimators, checked against re-derivations (exact rationals, deterministic cases, exact
 expectations by enumeration) on tiny random models."""
 
@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from helpers import random_dream_tensors, random_llada_tensors, tiny_dream_config, tiny_hf_config
-from localleap_jax import reference_likelihood as rl
-from localleap_jax import reference_torch
+from oracles import likelihood as rl
+from oracles import bidirectional as reference_torch
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The eager oracles of decoding loops that revoke commits (localleap_jax/reference_revoke.py): WINO, Saber and
+"""The eager oracles of decoding loops that revoke commits (oracles/revoke.py): WINO, Saber and
 the ReMDM-style loop, run on a tiny random LLaDA with a sharp head (2 layers, seed 11, head x20).
 
 The rule checkers below re-derive each rule's counting from the authors' formulas (written out here again,
@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from helpers import random_llada_tensors, tiny_hf_config
-from localleap_jax import reference_revoke as R
+from oracles import revoke as R
 
 PROMPT_TEXT = "Mia has 3 apples"  # 8 tokens with the session tokenizer
 
 
 @pytest.fixture(scope="module")
 def setup(tiny_tokenizer):
-    from localleap_jax.reference_torch import llama_from_llada
+    from oracles.bidirectional import llama_from_llada
 
     tok = tiny_tokenizer
     cfg = tiny_hf_config(len(tok), tok.mask_token_id, tok.eos_token_id, n_layers=2)
@@ -246,7 +246,7 @@ def test_wino_held_out_scores_one_layer(setup, tiny_tokenizer):
     row k is position lo+k of a plain pass where that position holds the mask; the authors' copy (which sees
     the whole copy) equals that for a block of one only, and for longer blocks differs from it by the B-1
     other copy masks at the block's positions that it also sees, while never reading the token at lo+k."""
-    from localleap_jax.reference_torch import llama_from_llada
+    from oracles.bidirectional import llama_from_llada
 
     tok, M = tiny_tokenizer, setup["mask"]
     cfg = tiny_hf_config(len(tok), tok.mask_token_id, tok.eos_token_id, n_layers=1)

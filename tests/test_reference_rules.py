@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from localleap_jax import reference_rules as R
+from oracles import rules as R
 from rule_cases import CASES, EVERY_RULE, Case, expected_mask, signals
 
 
@@ -187,7 +187,7 @@ PROMPTS = [[5, 17, 42, 99, 7], [120, 3, 3, 250, 11, 64, 8, 31, 200], [77, 12, 15
 def sharp_torch(tiny_tokenizer):
     """The sharp random model of test_decode.py (same seed and head scale), as the torch oracle only."""
     from helpers import random_llada_tensors, tiny_hf_config
-    from localleap_jax import reference_torch
+    from oracles import bidirectional as reference_torch
 
     tok = tiny_tokenizer
     cfg = tiny_hf_config(len(tok), tok.mask_token_id, tok.eos_token_id, n_layers=2)
@@ -197,7 +197,7 @@ def sharp_torch(tiny_tokenizer):
 
 def _generate(sharp, prompt, **kw):
     import torch
-    from localleap_jax import reference_torch
+    from oracles import bidirectional as reference_torch
 
     model, cfg, tok = sharp
     return reference_torch.eager_generate(model, torch.tensor([prompt]), mask_id=cfg["mask_token_id"],
@@ -251,7 +251,7 @@ def test_old_strategy_names_and_rule_objects_decode_the_same(sharp_torch):
 def test_dream_shift_scores_position_i_with_hidden_i_minus_1(sharp_torch):
     """shift=1: the first pass predicts generated position i from the canvas logits at P + i - 1."""
     import torch
-    from localleap_jax import reference_torch
+    from oracles import bidirectional as reference_torch
 
     model, cfg, _ = sharp_torch
     prompt = PROMPTS[1]

@@ -1,4 +1,4 @@
-"""The SDAR oracle (localleap_jax/reference_sdar.py) checked on its own: tiny random Qwen3-shaped checkpoints
+"""The SDAR oracle (oracles/sdar.py) checked on its own: tiny random Qwen3-shaped checkpoints
 for the network and the block-causal mask, stub logits for the exact branches of SDAR's generate loop."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from localleap_jax import reference_sdar as S
+from oracles import sdar as S
 
 BLOCK = 4
 MASK = 49  # the last id of the tiny vocabulary
@@ -279,7 +279,7 @@ def test_localleap_rule_inside_sdar_blocks():
 
 
 def test_eager_rule_refuses_rules_it_cannot_feed():
-    from localleap_jax import reference_rules
+    from oracles import rules as reference_rules
 
     with pytest.raises(ValueError, match="reads"):
         S.eager_rule(reference_rules.make("eb"))

@@ -1,5 +1,5 @@
 """Rules that take commits back (localleap_jax.rules.revoking: wino, saber, remdm) through the compiled loop,
-against the authors' functions transcribed eagerly (localleap_jax.reference_revoke) on transformers' Llama with
+against the authors' functions transcribed eagerly (oracles.revoke) on transformers' Llama with
 the same weights: the same tokens, NFE and remasks; left padding, per-row settings, the pass bound, traces, and
 the contract's refusals."""
 
@@ -11,7 +11,7 @@ from flax import struct
 
 import localleap_jax as ll
 from localleap_jax import dynamics
-from localleap_jax import reference_revoke as ref
+from oracles import revoke as ref
 from localleap_jax.compile_cache import compiled_programs
 from localleap_jax.decode import step as decode_step
 from localleap_jax.rules import Decision, RuleBase

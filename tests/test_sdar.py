@@ -1,6 +1,6 @@
 """SDAR block diffusion (families/sdar.py and the block grid of decode/): config, conversion, logits against
 transformers' Qwen3 under SDAR's block-causal mask, and decoding against the eager transcription of SDAR's
-`block_diffusion_generate` (localleap_jax/reference_sdar.py).
+`block_diffusion_generate` (oracles/sdar.py).
 
 The loop never predicts the mask token nor the embedding rows past the tokenizer, which keep their share of the
 softmax (confidences are probabilities over every row). SDAR's own argmax may pick the mask; on these random
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import localleap_jax as ll
-from localleap_jax import reference_sdar
+from oracles import sdar as reference_sdar
 from localleap_jax.config import ConfigError, ModelConfig
 from localleap_jax.decode.canvas import grid_tail
 from localleap_jax.model import forward

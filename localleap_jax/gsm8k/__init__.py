@@ -6,7 +6,6 @@ then the model loaded, the lm-eval task written, and each strategy through one r
 (`run`), its rows joined with our NFE and timing stats. Every mistake a user can fix is a `UserError`,
 which the command lines print in one line (`command_line`); its messages name their shared flags.
 
-  errors        UserError
   settings      EvalSettings (canvas, rules' shared settings, prompts, batching, devices), DEFAULTS
   loading       find_checkpoint, check_gen_length, load_model
   data          read_gsm8k_jsonl, DataPlan, plan_data, local_task, Task, write_task
@@ -21,7 +20,7 @@ from localleap_jax.gsm8k.command_line import (EXIT_ERROR, EXIT_INTERRUPTED, RULE
                                               exit_status, load_user_rules, positive, probability, seed,
                                               termination_as_interrupt, whole_number)
 from localleap_jax.gsm8k.data import DataPlan, Task, local_task, plan_data, read_gsm8k_jsonl, write_task
-from localleap_jax.gsm8k.errors import UserError
+from localleap_jax.errors import UserError
 from localleap_jax.gsm8k.loading import check_gen_length, find_checkpoint, load_model, read_model_config
 from localleap_jax.gsm8k.outdir import OutputDir, check_output, default_output, holding, write_atomically
 from localleap_jax.gsm8k.progress import Progress, RunningAccuracy

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from contextlib import contextmanager
 
-from localleap_jax.gsm8k.errors import UserError
+from localleap_jax.errors import UserError
 from localleap_jax.gsm8k.progress import Progress
 from localleap_jax.rules.sources import RulesError, load_rules
 

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from localleap_jax import synthetic_math
-from localleap_jax.gsm8k.errors import UserError
+from localleap_jax.errors import UserError
 from localleap_jax.hashing import sha256_files
 
 

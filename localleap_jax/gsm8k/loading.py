@@ -10,7 +10,7 @@ from localleap_jax.config import ConfigError, ModelConfig
 from localleap_jax.convert_hf import resolve_checkpoint
 from localleap_jax.decode import DecodeError, check_room
 from localleap_jax.dist.multihost import leader
-from localleap_jax.gsm8k.errors import UserError
+from localleap_jax.errors import UserError
 from localleap_jax.lm_eval import default_dtype
 
 

@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from localleap_jax.gsm8k.errors import UserError
+from localleap_jax.errors import UserError
 from localleap_jax.gsm8k.progress import Progress
 
 

@@ -14,7 +14,7 @@ import jax
 
 from localleap_jax import processes
 from localleap_jax.gsm8k.data import DataPlan, Task
-from localleap_jax.gsm8k.errors import UserError
+from localleap_jax.errors import UserError
 from localleap_jax.gsm8k.progress import Progress, RunningAccuracy
 from localleap_jax.gsm8k.settings import EvalSettings
 from localleap_jax.lm_eval import USER_ERRORS, LocalLeapLM, PromptTooLongError, answers_key, key_digest, prompt_key

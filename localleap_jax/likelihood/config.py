@@ -7,9 +7,7 @@ import math
 
 import numpy as np
 
-
-class LikelihoodError(ValueError):
-    """A likelihood request or setting that cannot be served (said in one line, before any work)."""
+from localleap_jax.errors import LikelihoodError
 
 
 ESTIMATOR_NAMES = ("llada", "dream")

@@ -3,8 +3,8 @@
     python -m localleap_jax.lm_eval --model localleap \\
         --model_args checkpoint=DIR,strategy=localleap,gen_length=256,block_length=32 --tasks gsm8k
 
-(`python -m localleap_jax.lm_eval`, or its earlier name `python -m localleap_jax.lm_eval_adapter`, is the
-`lm_eval` command with this model registered; it takes exactly lm_eval's arguments, and ends a mistake
+(`python -m localleap_jax.lm_eval` is the `lm_eval`
+command with this model registered; it takes exactly lm_eval's arguments, and ends a mistake
 with one `error: ...` line.)
 
 What each part does (LocalLeapLM's `generate_until`, prompt fitting and `truncate_fewshot`, the

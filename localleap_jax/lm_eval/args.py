@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from localleap_jax.errors import ModelArgsError
 from localleap_jax.decode import DecodeConfig, DecodeError, check_room
 from localleap_jax.decode.config import replaced, with_shared_settings
 from localleap_jax.likelihood import ESTIMATOR_NAMES, LikelihoodConfig, LikelihoodError
@@ -22,10 +23,6 @@ from localleap_jax.rules import RULES
 from localleap_jax.rules.base import make_spec, settings_of
 from localleap_jax.rules.registry import parse_spec, parse_value
 from localleap_jax.rules.sources import RulesError, load_rules
-
-
-class ModelArgsError(ValueError):
-    """Model arguments (`--model_args` or LocalLeapLM keywords) that name no setting or hold a bad value."""
 
 
 def default_dtype() -> str:

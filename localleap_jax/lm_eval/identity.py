@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from localleap_jax.errors import CacheMismatchError
 from localleap_jax.checkpoint import Model, params_fingerprint
 from localleap_jax.decode import DecodeConfig
 from localleap_jax.hashing import sha256_files, sha256_json
@@ -22,10 +23,6 @@ from localleap_jax.tokenizer import TOKENIZER_FILES
 
 ENCODING_FILES = tuple(f for f in TOKENIZER_FILES if f != "generation_config.json")  # what decides token ids
 CACHE_OWNER = "localleap_jax/answers_key"  # the entry of a response cache naming the setup that wrote it
-
-
-class CacheMismatchError(ValueError):
-    """A response cache written by another model or decoding setup."""
 
 
 def decode_settings(cfg: DecodeConfig) -> dict:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from localleap_jax.errors import LocalLeapError
 from localleap_jax.tokenizer import BOS_TOKEN, Tokenizer, check_prompt
 
 
-class PromptTooLongError(ValueError):
+class PromptTooLongError(LocalLeapError, ValueError):
     """Prompts that do not fit beside the generation canvas; refused before anything is generated."""
 
     def __init__(self, too_long: int, total: int, excess: int, room: int, max_sequence_length: int,

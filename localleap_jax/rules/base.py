@@ -48,11 +48,9 @@ import numpy as np
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
+from localleap_jax.errors import DecodeError
+
 State = Any  # a pytree whose leaves have a leading batch axis; () for stateless rules
-
-
-class DecodeError(ValueError):
-    """A decoding configuration or input that cannot run."""
 
 
 # ---------------------------------------------------------------- the step's signals

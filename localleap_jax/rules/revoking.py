@@ -2,7 +2,7 @@
 
 Each returns `Decision(commit, remask)` (see `base`); the loop applies the commits, then the remasks, and runs
 until nothing is masked or `DecodeConfig.max_passes`. They follow the authors' code where it and the papers
-differ (read whole: the step and NFE counting included; `localleap_jax.reference_revoke` is the eager
+differ (read whole: the step and NFE counting included; `oracles.revoke` is the eager
 transcription the tests compare with, batch 1, greedy).
 """
 

@@ -39,16 +39,12 @@ import types
 from pathlib import Path
 from typing import Iterable
 
-from localleap_jax.errors import first_line
+from localleap_jax.errors import RulesError, first_line
 from localleap_jax.rules import registry
 from localleap_jax.rules.base import DecodeError
 
 ENTRY_POINT_GROUP = "localleap_jax.rules"
 FILE_MODULE_PREFIX = "localleap_jax_user_rules"  # the sys.modules name of a file loaded by path
-
-
-class RulesError(DecodeError):
-    """A rule source that cannot be loaded (no such file or module, a failing import, no rule registered)."""
 
 
 @dataclasses.dataclass(frozen=True)

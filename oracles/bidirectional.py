@@ -99,7 +99,7 @@ def bidirectional_logits(model, ids: torch.Tensor, mask: torch.Tensor | None = N
 
 def _rule_from_strategy(strategy: str, steps, kappa, tau, radius):
     """A rule by name, taking whichever of the DecodeConfig-style fields (steps, kappa, tau, radius) it has."""
-    from localleap_jax import reference_rules
+    from oracles import rules as reference_rules
 
     given = {"steps": steps, "kappa": kappa, "tau": tau, "radius": radius}
     cls = reference_rules.RULES.get(strategy)
@@ -134,7 +134,7 @@ def eager_generate(model, ids: torch.Tensor, mask: torch.Tensor | None = None, *
     receives per row and per forward pass of that row (its NFE order): "pred" [G] and "conf" [G] at
     every generated position, "commits" {generated position: clause}, and "block", "step_in_block".
     """
-    from localleap_jax import reference_rules
+    from oracles import rules as reference_rules
 
     if (strategy is None) == (rule is None):
         raise ValueError("give exactly one of strategy= (a name) or rule= (a reference_rules object)")

@@ -332,7 +332,7 @@ def eager_rule(rule) -> CommitRule:
     bound); rules reading margin/entropy/whole distributions are refused. The rule's own loop contract
     (top1 when it picks nothing) applies, and block_diffusion_generate enforces it again.
     """
-    from localleap_jax import reference_rules
+    from oracles import rules as reference_rules
 
     if rule.reads:
         raise ValueError(f"{rule.name} reads {', '.join(rule.reads)}; this adapter passes only conf and pred")
@@ -354,6 +354,6 @@ def eager_rule(rule) -> CommitRule:
 
 def localleap_rule(kappa: float = 0.9, tau: float = 0.75, radius: int = 4) -> CommitRule:
     """LocalLeap (reference_rules.LocalLeap) as a `rule=` for block_diffusion_generate; radius in block positions."""
-    from localleap_jax import reference_rules
+    from oracles import rules as reference_rules
 
     return eager_rule(reference_rules.make("localleap", kappa=kappa, tau=tau, radius=radius))

@@ -140,7 +140,7 @@ class EagerRule:
         self.rule = rule
 
     def bind(self, *, batch, gen_length, block_length, steps, exclude_ids):
-        from localleap_jax import reference_rules
+        from oracles import rules as reference_rules
 
         self.rule.bind(gen_length=gen_length, block_length=block_length)
         self.rows = [reference_rules.fresh(self.rule) for _ in range(batch)]
@@ -153,7 +153,7 @@ class EagerRule:
         self.row_steps = [0] * len(self.rows)
 
     def __call__(self, logits, mask_index, x, i, offset):
-        from localleap_jax import reference_rules
+        from oracles import rules as reference_rules
 
         x0, x0_p, p = predict(logits, self.exclude_ids)
         blk = slice(offset, offset + self.block_length)

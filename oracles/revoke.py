@@ -455,7 +455,7 @@ def remdm_generate(logits_fn: LogitsFn, prompt: Sequence[int], *, mask_id: int, 
 
 def logits_fn_from_model(model) -> LogitsFn:
     """A `LogitsFn` from a transformers causal-LM class run bidirectionally (an all-ones 4D boolean mask)."""
-    from localleap_jax.reference_torch import bidirectional_logits
+    from oracles.bidirectional import bidirectional_logits
 
     def fn(ids: torch.Tensor) -> torch.Tensor:
         return bidirectional_logits(model, ids.to(model.device))
@@ -480,7 +480,7 @@ def llada_fns(hf_config: Mapping, tensors: Mapping[str, torch.Tensor], dtype=tor
               device: str = "cpu") -> tuple[LogitsFn, MaskedLogitsFn]:
     """(LogitsFn, MaskedLogitsFn) for LLaDA weights run as transformers' LlamaForCausalLM
     (`reference_torch.llama_from_llada`)."""
-    from localleap_jax.reference_torch import llama_from_llada
+    from oracles.bidirectional import llama_from_llada
 
     model = llama_from_llada(hf_config, tensors, dtype=dtype, device=device)
     return logits_fn_from_model(model), masked_logits_fn_from_model(model)
