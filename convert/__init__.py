@@ -32,7 +32,8 @@ if sys.argv[:1] == ["-m"] and signal.getsignal(signal.SIGINT) is signal.default_
 import argparse  # noqa: E402
 
 from localleap_jax.checkpoint import CheckpointError  # noqa: E402
-from localleap_jax.convert_hf import FAMILY_NAMES, ConversionError, convert  # noqa: E402
+from localleap_jax.convert_hf import ConversionError, convert  # noqa: E402
+from localleap_jax.families import FAMILIES  # noqa: E402
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -61,7 +62,8 @@ def main(argv=None, family: str | None = None) -> int:
 
 def _main(argv, family: str | None) -> int:
     prog = "python -m convert" + (f".{family}" if family else "")
-    what = f"a Hugging Face {FAMILY_NAMES[family]} checkpoint" if family else "a Hugging Face LLaDA, Dream or SDAR checkpoint"
+    what = (f"a Hugging Face {FAMILIES[family].title} checkpoint" if family else
+            f"a Hugging Face {', '.join(f.title for f in FAMILIES.values())} checkpoint")
     ap = _OneLineParser(prog=prog, description=f"Convert {what} (safetensors) into a localleap-jax checkpoint "
                         "directory. Remote code is never run; pickle checkpoints are refused.")
     ap.add_argument("src", help="local HF checkpoint directory or hub id")

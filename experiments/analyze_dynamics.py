@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "experiments"))
 
 from localleap_jax.gsm8k import RULES_HELP, UserError, load_user_rules, model_defaults, read_gsm8k_jsonl  # noqa: E402
+from localleap_jax.families import read_config_file
 
 GENERATION_FLAGS = ("checkpoint", "data", "limit", "strategy", "rules", "gen_length", "block_length", "batch_size",
                     "cache", "early_stop", "dtype", "no_compile_cache")
@@ -154,7 +155,7 @@ def generate_and_save(args, out: Path) -> list[Path]:
     """Load the model and data, check the settings, generate; returns the trace files."""
     import localleap_jax as ll
     from localleap_jax.checkpoint import read_manifest
-    from localleap_jax.convert_hf import resolve_checkpoint
+    from localleap_jax.resolve import resolve_checkpoint
     from localleap_jax.lm_eval import default_dtype
 
     if args.limit is not None and args.limit <= 0:
@@ -164,7 +165,7 @@ def generate_and_save(args, out: Path) -> list[Path]:
     try:
         path = resolve_checkpoint(args.checkpoint)
         manifest = read_manifest(path)
-        model_config = ll.ModelConfig.from_json_file(path / "config.json")
+        model_config = read_config_file(path / "config.json")
     except (ll.CheckpointError, ll.ConfigError) as e:
         raise UserError(str(e)) from None
     load_user_rules(args.rules)

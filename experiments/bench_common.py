@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 from localleap_jax.checkpoint import Model  # noqa: E402
 from localleap_jax.config import ModelConfig  # noqa: E402
 from localleap_jax.model import init_params  # noqa: E402
+from localleap_jax.families import write_config
 
 SHAPES = {
     # LLaDA-8B-Instruct's architecture (../shared/reference/llada-8b-instruct.md)
@@ -32,7 +33,7 @@ SHAPES = {
     "dream-7b": ModelConfig(d_model=3584, n_heads=28, n_kv_heads=4, n_layers=28, mlp_hidden_size=18944,
                             vocab_size=152064, embedding_size=152064, rope_theta=1000000.0, rms_norm_eps=1e-6,
                             max_sequence_length=131072, mask_token_id=151666, eos_token_id=151643,
-                            pad_token_id=151643, family="dream", qkv_bias=True),
+                            pad_token_id=151643, family="dream", qkv_bias=True, logits_shift=1),
     # a CPU-sized model of the LLaDA family
     "small": ModelConfig(d_model=256, n_heads=8, n_kv_heads=8, n_layers=4, mlp_hidden_size=768, vocab_size=32000,
                          embedding_size=32000, rope_theta=500000.0, max_sequence_length=4096, mask_token_id=31999,
@@ -68,7 +69,7 @@ def torch_twin(model: Model, dtype=None):
             t = torch.from_numpy(np.array(arr, np.float32))  # a writable copy
         tensors[name] = t.to(device=device, dtype=tdtype).contiguous()
     build = reference_torch.qwen2_from_dream if model.config.family == "dream" else reference_torch.llama_from_llada
-    return build(model.config.to_hf_dict(), tensors, dtype=tdtype, device=device), device
+    return build(write_config(model.config), tensors, dtype=tdtype, device=device), device
 
 
 def median_seconds(fn, reps: int = 5, warmup: int = 1) -> float:

@@ -297,9 +297,8 @@ def main(argv=None):
                 sharded = [(f"{label} {cache}", lambda m=mesh: ll.generate(model, ids, mask, c, mesh=m))
                            for label, mesh in meshes]
                 if meshes and jax.local_device_count() > 1:
-                    from localleap_jax.dist.pmap import generate_parallel
                     sharded.append((f"pmap x{jax.local_device_count()} {cache}",
-                                    lambda: generate_parallel(model, ids, mask, c)))
+                                    lambda: ll.generate(model, ids, mask, c, devices=jax.local_devices())))
                 for label, run in sharded:
                     row = timed_row(label, run, B, strategy, stop_ids, torch_tps)
                     rows.append(row)

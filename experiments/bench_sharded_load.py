@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from localleap_jax.families import read_config_file
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -68,7 +69,7 @@ def synthetic_config(layers: int, vocab: int, d_model: int):
     from localleap_jax.checkpoint import EMBEDDED
     from localleap_jax.config import ModelConfig
 
-    tiny = ModelConfig.from_json_file(EMBEDDED / "config.json")  # its tokenizer and special ids
+    tiny = read_config_file(EMBEDDED / "config.json")  # its tokenizer and special ids
     return ModelConfig(d_model=d_model, n_heads=16, n_kv_heads=16, n_layers=layers, mlp_hidden_size=5632,
                        vocab_size=tiny.vocab_size, embedding_size=vocab, rope_theta=500000.0,
                        max_sequence_length=4096, mask_token_id=tiny.mask_token_id, eos_token_id=tiny.eos_token_id,

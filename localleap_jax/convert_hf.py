@@ -1,7 +1,6 @@
 """Convert a Hugging Face checkpoint (safetensors) of any family (LLaDA, Dream, SDAR) into a localleap-jax checkpoint.
 
     convert(src, out, dtype="source", family=None)   # family None: whatever config.json says
-    resolve_checkpoint(name)                         # "embedded", a directory, or a hub id (converted once)
 
 SRC is a local directory or a hub id (only safetensors, json and tokenizer files are downloaded).
 Remote code is never run and pickle checkpoints (.bin/.pt/.pth) are refused.
@@ -21,7 +20,6 @@ from __future__ import annotations
 
 import json
 import struct
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,20 +28,16 @@ import ml_dtypes
 import numpy as np
 from tqdm import tqdm
 
-from localleap_jax.checkpoint import (EMBEDDED, EMBEDDED_MODELS, CheckpointError, abstract_params, atomic_directory,
-                                     check_output_path, write_checkpoint_files)
-from localleap_jax.config import ConfigError, ModelConfig
-from localleap_jax.errors import ConversionError, first_line
-from localleap_jax.families import tensor_map
+from localleap_jax.checkpoint import abstract_params, atomic_directory, check_output_path, write_checkpoint_files
+from localleap_jax.config import ModelConfig
+from localleap_jax.errors import ConfigError, ConversionError, first_line
+from localleap_jax.families import FAMILIES, Family, detect, family_of, tensor_map
 from localleap_jax.hashing import sha256_file
-from localleap_jax.tokenizer import SDAR_MASK_TOKEN
 
 _DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32, "F64": np.float64}
 _OUT_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _HUB_PATTERNS = ["*.safetensors", "*.json", "tokenizer*", "*.jinja", "merges.txt"]
-FAMILY_NAMES = {"llada": "LLaDA", "dream": "Dream", "sdar": "SDAR"}
-CACHE_DIR = Path("~/.cache/localleap_jax/checkpoints").expanduser()
 
 
 # ---------------------------------------------------------------- safetensors, read by hand
@@ -106,7 +100,8 @@ def resolve_source(src: str, revision: str | None = None) -> tuple[Path, str]:
 
 
 def read_source_config(local: Path) -> tuple[dict, ModelConfig]:
-    """config.json as written, and what it means."""
+    """config.json as the converted checkpoint will hold it (completed by the family from the source's other files,
+    e.g. a mask id only the tokenizer names), and what it means."""
     try:
         hf_config = json.loads((local / "config.json").read_text())
     except FileNotFoundError:
@@ -114,40 +109,14 @@ def read_source_config(local: Path) -> tuple[dict, ModelConfig]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConversionError(f"{local}/config.json is not valid JSON: {e}") from None
     try:
-        if isinstance(hf_config, dict) and str(hf_config.get("model_type", "")).lower() == "sdar":
-            hf_config = _complete_sdar_config(local, hf_config)
-        return hf_config, ModelConfig.from_hf_dict(hf_config)
+        if not isinstance(hf_config, dict):
+            raise ConfigError(f"config.json must hold a JSON object, not a {type(hf_config).__name__}")
+        family = detect(hf_config)
+        if family.complete_config is not None:
+            hf_config = family.complete_config(local, hf_config)
+        return hf_config, family.read(hf_config)
     except ConfigError as e:
         raise ConversionError(str(e)) from None
-
-
-def _complete_sdar_config(local: Path, hf_config: dict) -> dict:
-    """SDAR's config.json names neither its mask id (the tokenizer's <|MASK|>) nor, in every release, its
-    block size: the converted checkpoint's config.json states both, so loading it needs nothing else."""
-    from localleap_jax.config import SDAR_DEFAULT_BLOCK_SIZE
-
-    out = dict(hf_config)
-    out.setdefault("block_size", SDAR_DEFAULT_BLOCK_SIZE)
-    if out.get("mask_token_id") is None:
-        found = _added_token_id(local / "tokenizer.json", SDAR_MASK_TOKEN)
-        if found is None:  # the slow layout: {"<|MASK|>": 151669, ...}
-            try:
-                found = json.loads((local / "added_tokens.json").read_text()).get(SDAR_MASK_TOKEN)
-            except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-                found = None
-        if not isinstance(found, int):
-            raise ConfigError(f"config.json has no mask_token_id and {local}/tokenizer.json has no {SDAR_MASK_TOKEN} "
-                              "token: set mask_token_id in config.json")
-        out["mask_token_id"] = found
-    return out
-
-
-def _added_token_id(tokenizer_json: Path, content: str) -> int | None:
-    try:
-        added = json.loads(tokenizer_json.read_text()).get("added_tokens", [])
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        return None
-    return next((t.get("id") for t in added if isinstance(t, dict) and t.get("content") == content), None)
 
 
 def find_shards(src: Path) -> list[Path]:
@@ -211,24 +180,20 @@ def check_tensors(shards: list[Path], config: ModelConfig) -> dict[str, TensorIn
 
 
 def tokenizer_source(local: Path, config: ModelConfig, workdir: Path) -> Path:
-    """The directory whose tokenizer files the checkpoint gets.
-
-    The source's own when it has a fast tokenizer (tokenizer.json). Dream ships only its "slow"
-    Qwen2 BPE files (vocab.json, merges.txt, tokenizer_config.json) plus remote code: for it, the
-    same tokenizer is built with transformers' own Qwen2 class (no remote code) into `workdir`.
-    """
+    """The directory whose tokenizer files the checkpoint gets: the source's own when it has a fast tokenizer
+    (tokenizer.json), else one the family builds into `workdir` from the source's slow files (Dream's vocab.json +
+    merges.txt, with transformers' own Qwen2 class: no remote code)."""
     if (local / "tokenizer.json").exists():
         return local
-    if config.family == "dream" and (local / "vocab.json").exists() and (local / "merges.txt").exists():
-        from localleap_jax.tokenizer import save_qwen2_fast_tokenizer
-
+    family = family_of(config)
+    if family.build_tokenizer is not None:
         try:
-            save_qwen2_fast_tokenizer(local, workdir)
+            if family.build_tokenizer(local, workdir):
+                return workdir
         except Exception as e:  # a broken vocab/merges/tokenizer_config: name the directory, one line
-            raise ConversionError(f"could not build a tokenizer from {local}/vocab.json and merges.txt "
+            raise ConversionError(f"could not build a tokenizer from {local}'s {family.slow_tokenizer_files} "
                                   f"({type(e).__name__}: {first_line(e)})") from None
-        return workdir
-    wanted = "tokenizer.json (or Dream's vocab.json + merges.txt)" if config.family == "dream" else "tokenizer.json"
+    wanted = f"tokenizer.json (or {family.slow_tokenizer_files})" if family.slow_tokenizer_files else "tokenizer.json"
     raise ConversionError(f"{local} has no {wanted}")
 
 
@@ -251,16 +216,18 @@ def check_tokenizer(tokenizer_dir: Path, config: ModelConfig) -> None:
 
 def convert(src: str, out: str, dtype: str = "source", revision: str | None = None, progress: bool = True,
             family: str | None = None) -> Path:
-    """Convert SRC (HF dir or hub id) into the checkpoint directory OUT. With `family` given, a source
-    of the other family is refused (one line naming what it is)."""
+    """Convert SRC (HF dir or hub id) into the checkpoint directory OUT. With `family` (a family's name) given, a
+    source of another family is refused (one line naming what it is)."""
+    if family is not None and family not in FAMILIES:
+        raise ConversionError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
     check_output_path(out)  # before a download, not after
     local, source = resolve_source(src, revision)
     hf_config, config = read_source_config(local)
-    if family is not None and config.family != family:
+    found: Family = family_of(config)
+    if family is not None and found.name != family:
         raise ConversionError(
-            f"{src} is a {FAMILY_NAMES[config.family]} checkpoint (config.json model_type="
-            f"{hf_config.get('model_type')!r}), not {FAMILY_NAMES[family]}: convert it with "
-            f"python -m convert.{config.family}, or python -m convert (detects the family)")
+            f"{src} is a {found.title} checkpoint (config.json model_type={hf_config.get('model_type')!r}), not "
+            f"{family_of(family).title}: convert it without --family (python -m convert SRC OUT detects the family)")
     with tempfile.TemporaryDirectory(prefix="localleap-tokenizer-") as work:
         tokenizer_dir = tokenizer_source(local, config, Path(work))
         check_tokenizer(tokenizer_dir, config)
@@ -312,48 +279,12 @@ def convert(src: str, out: str, dtype: str = "source", revision: str | None = No
             params = _to_device_one_leaf_at_a_time(params)
             manifest = {"source": source, "family": config.family, "converter": "localleap_jax.convert_hf",
                         "shards": shard_sums, "num_params": num_params}
-            readme = (f"# {source}\n\nA {FAMILY_NAMES[config.family]} checkpoint converted by "
-                      f"`python -m convert.{config.family}` to a localleap-jax checkpoint ({out_dtype.name}). "
+            readme = (f"# {source}\n\nA {found.title} checkpoint converted by "
+                      f"`python -m convert` to a localleap-jax checkpoint ({out_dtype.name}). "
                       "Load with `localleap_jax.load(path)`.\nShard hashes are in manifest.json.\n")
             write_checkpoint_files(tmp, hf_config=hf_config, params=params, tokenizer_dir=tokenizer_dir,
                                    manifest=manifest, readme=readme)
     return Path(out)
-
-
-def resolve_checkpoint(name: str | Path | None) -> Path:
-    """A checkpoint directory from a name: None/"embedded" (the shipped small model), "embedded-sdar" (its
-    block-diffusion twin), "embedded-chain" (the chain-task model, on which the rules differ),
-    a directory, or a hub id such as GSAI-ML/LLaDA-8B-Instruct or
-    Dream-org/Dream-v0-Instruct-7B (converted once into a cache, then reused)."""
-    if name is None or str(name) in ("", *EMBEDDED_MODELS):
-        path = EMBEDDED_MODELS.get(str(name), EMBEDDED)
-        if not (path / "manifest.json").exists():
-            raise CheckpointError(f"the embedded model is missing ({path}); reinstall the package")
-        return path
-    if not is_hub_id(name):
-        return Path(name).expanduser()
-    return cached_conversion(str(name))
-
-
-def is_hub_id(name: str | Path | None) -> bool:
-    """Whether `name` reads as a hub id (owner/repo) rather than a local path: no such path exists, one
-    slash, and it does not start like a path (".", "/", "~")."""
-    if name is None or str(name) in ("", *EMBEDDED_MODELS):
-        return False
-    text = str(name)
-    return not Path(text).expanduser().exists() and text.count("/") == 1 and not text.startswith((".", "/", "~"))
-
-
-def cached_conversion(hub_id: str, cache_dir: Path = CACHE_DIR) -> Path:
-    """The converted checkpoint of a hub id, converting it on first use (later calls reuse it)."""
-    out = Path(cache_dir) / hub_id.replace("/", "__")
-    if (out / "manifest.json").exists():
-        return out
-    print(f"converting {hub_id} into {out} (once)", file=sys.stderr)
-    try:
-        return convert(hub_id, str(out))
-    except ConversionError as e:
-        raise CheckpointError(str(e)) from None
 
 
 def _to_device_one_leaf_at_a_time(tree: dict) -> dict:

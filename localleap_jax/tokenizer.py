@@ -165,20 +165,23 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int, pad_to_multiple_of: int
     return ids, mask
 
 
-def make_tokenizer(texts: Iterable[str], vocab_size: int = 512, family: str = "llada"):
-    """Train a byte-level BPE tokenizer with a family's special tokens and chat template.
+def make_tokenizer(texts: Iterable[str], vocab_size: int = 512, *, chat: str = "llada", mask_token: str = MASK_TOKEN):
+    """Train a byte-level BPE tokenizer with a family's special tokens and chat template (a family's own choice:
+    `localleap_jax.families.make_tokenizer(family, texts, vocab_size)`).
 
-    llada: specials first (ids 0..5), LLaDA's chat template. dream: the BPE ids first and the
-    ChatML specials after them (<|endoftext|>, <|im_start|>, <|im_end|>, <|mask|>), as in Qwen2's
-    vocabulary, with a ChatML template. sdar: the same with SDAR's mask token <|MASK|>. Digits are split one per token so arithmetic is learnable
-    by a small model. Returns a transformers PreTrainedTokenizerFast (save it with `save_pretrained`).
+    chat="llada": specials first (ids 0..5), LLaDA's chat template. chat="chatml": the BPE ids first and the
+    ChatML specials after them (<|endoftext|>, <|im_start|>, <|im_end|>, the mask token), as in Qwen2's
+    vocabulary, with a ChatML template. Digits are split one per token so arithmetic is learnable by a small
+    model. Returns a transformers PreTrainedTokenizerFast (save it with `save_pretrained`).
     """
     from tokenizers import Tokenizer as RawTokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    if family in ("dream", "sdar"):
-        return _make_chatml_tokenizer(texts, vocab_size, DREAM_MASK_TOKEN if family == "dream" else SDAR_MASK_TOKEN)
-    specials = [EOS_TOKEN, BOS_TOKEN, MASK_TOKEN, EOT_TOKEN, *HEADER_TOKENS]
+    if chat not in ("llada", "chatml"):
+        raise ValueError(f"chat must be 'llada' or 'chatml', got {chat!r}")
+    if chat == "chatml":
+        return _make_chatml_tokenizer(texts, vocab_size, mask_token)
+    specials = [EOS_TOKEN, BOS_TOKEN, mask_token, EOT_TOKEN, *HEADER_TOKENS]
     raw = RawTokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
@@ -189,14 +192,10 @@ def make_tokenizer(texts: Iterable[str], vocab_size: int = 512, family: str = "l
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     raw.train_from_iterator(texts, trainer=trainer)
     tok = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN,
-                                  pad_token=EOS_TOKEN, mask_token=MASK_TOKEN,
+                                  pad_token=EOS_TOKEN, mask_token=mask_token,
                                   additional_special_tokens=[EOT_TOKEN, *HEADER_TOKENS])
     tok.chat_template = LLADA_CHAT_TEMPLATE
     return tok
-
-
-DREAM_MASK_TOKEN = "<|mask|>"
-SDAR_MASK_TOKEN = "<|MASK|>"
 
 
 def _make_chatml_tokenizer(texts: Iterable[str], vocab_size: int, mask_token: str):
@@ -236,3 +235,12 @@ def save_qwen2_fast_tokenizer(src: str | Path, dst: str | Path) -> None:
     config = json.loads(config_path.read_text())
     config.pop("auto_map", None)
     config_path.write_text(json.dumps(config, indent=2))
+
+
+def added_token_id(tokenizer_json: Path, content: str) -> int | None:
+    """The id of an added token (e.g. a mask token config.json does not name) in a tokenizer.json, or None."""
+    try:
+        added = json.loads(Path(tokenizer_json).read_text()).get("added_tokens", [])
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return None
+    return next((t.get("id") for t in added if isinstance(t, dict) and t.get("content") == content), None)

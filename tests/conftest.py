@@ -33,9 +33,9 @@ sys.path.insert(0, str(REPO / "experiments"))  # the command lines' modules (eva
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    from localleap_jax.tokenizer import make_tokenizer
+    from localleap_jax.families import make_tokenizer
 
-    return make_tokenizer(TOKENIZER_CORPUS, vocab_size=300)
+    return make_tokenizer("llada", TOKENIZER_CORPUS, vocab_size=300)
 
 
 @pytest.fixture(scope="session")
@@ -79,9 +79,9 @@ def converted_sharp(sharp_checkpoint):
 
 @pytest.fixture(scope="session")
 def dream_tokenizer():
-    from localleap_jax.tokenizer import make_tokenizer
+    from localleap_jax.families import make_tokenizer
 
-    return make_tokenizer(TOKENIZER_CORPUS, vocab_size=300, family="dream")
+    return make_tokenizer("dream", TOKENIZER_CORPUS, vocab_size=300)
 
 
 @pytest.fixture(scope="session")
@@ -108,9 +108,9 @@ def dream_converted(tmp_path_factory, dream_hf_checkpoint):
 def sdar_converted(tmp_path_factory):
     """A 3-layer fp32 SDAR-layout checkpoint (block 4, GQA, head_dim 24, sharp head) converted by convert.sdar."""
     from convert.sdar import convert
-    from localleap_jax.tokenizer import make_tokenizer
+    from localleap_jax.families import make_tokenizer
 
-    tok = make_tokenizer(TOKENIZER_CORPUS, vocab_size=300, family="sdar")
+    tok = make_tokenizer("sdar", TOKENIZER_CORPUS, vocab_size=300)
     cfg = tiny_sdar_config(320, tok.eos_token_id)
     src = write_hf_checkpoint(tmp_path_factory.mktemp("hf") / "tiny-sdar", cfg,
                               random_sdar_tensors(cfg, seed=1, head_scale=12.0), tok)

@@ -14,6 +14,7 @@ import pytest
 import localleap_jax as ll
 from localleap_jax import checkpoint
 from localleap_jax.checkpoint import CheckpointError, fingerprint_of, hash_params_files, params_fingerprint
+from localleap_jax.families import write_config
 
 
 def _largest_params_file(ck: Path) -> Path:
@@ -93,7 +94,7 @@ def test_non_finite_parameters_are_refused_naming_the_leaf(tmp_path, converted):
     params = jax.tree.map(lambda a: a, model.params)
     params["blocks"]["up_proj"]["kernel"] = params["blocks"]["up_proj"]["kernel"].at[1, 3, 5].set(jnp.nan)
     with checkpoint.atomic_directory(tmp_path / "nan") as tmp:  # the plain writer: hashes match the NaN content
-        checkpoint.write_checkpoint_files(tmp, hf_config=model.config.to_hf_dict(), params=params,
+        checkpoint.write_checkpoint_files(tmp, hf_config=write_config(model.config), params=params,
                                           tokenizer_dir=converted, manifest={}, readme="")
     with pytest.raises(CheckpointError, match=r"\['blocks'\]\['up_proj'\]\['kernel'\] holds 1 non-finite value"):
         ll.load(tmp_path / "nan")

@@ -4,6 +4,7 @@ field is refused by name (never coerced: `int(64.7)` would silently build anothe
 import pytest
 
 from localleap_jax.config import ConfigError, ModelConfig
+from localleap_jax.families import read_config, write_config
 from helpers import tiny_dream_config, tiny_hf_config
 
 LLADA = tiny_hf_config(300, 2, 0)
@@ -66,16 +67,16 @@ def _drop(cfg, key):
 def test_bad_config_is_refused_by_name(cfg, named):
     with pytest.raises(ConfigError, match=named.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
                        .replace(")", r"\)").replace("+", r"\+")):
-        ModelConfig.from_hf_dict(cfg)
+        read_config(cfg)
 
 
 def test_dream_sliding_window_size_alone_is_not_in_use():
     """Qwen2/Dream only slide when use_sliding_window is true; a size next to `false` changes nothing."""
-    assert ModelConfig.from_hf_dict({**DREAM, "sliding_window": 4096, "use_sliding_window": False}).family == "dream"
+    assert read_config({**DREAM, "sliding_window": 4096, "use_sliding_window": False}).family == "dream"
 
 
 @pytest.mark.parametrize("cfg", [LLADA, DREAM])
 def test_both_families_round_trip(cfg):
-    c = ModelConfig.from_hf_dict(cfg)
-    assert ModelConfig.from_hf_dict(c.to_hf_dict()) == c
+    c = read_config(cfg)
+    assert read_config(write_config(c)) == c
     assert c.logits_shift == (1 if c.family == "dream" else 0) and c.qkv_bias == (c.family == "dream")

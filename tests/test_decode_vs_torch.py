@@ -13,6 +13,7 @@ from localleap_jax import decode
 from oracles import bidirectional as reference_torch
 from localleap_jax.compile_cache import compiled_programs
 from localleap_jax.tokenizer import left_pad
+from localleap_jax.families import write_config
 from helpers import random_llada_tensors, tiny_hf_config, write_hf_checkpoint
 
 
@@ -318,7 +319,7 @@ def embedded_with_twin():
 
     model = ll.load(EMBEDDED, dtype="float32")
     tensors = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in hf_tensors(model.params, model.config).items()}
-    twin = reference_torch.llama_from_llada(model.config.to_hf_dict(), tensors)
+    twin = reference_torch.llama_from_llada(write_config(model.config), tensors)
     problems = synthetic_math.take("test", 6, seed=3)
     prompts = [model.tokenizer.encode(f"Question: {p['question']}\nAnswer:") for p in problems]
     return model, twin, prompts

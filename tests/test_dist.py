@@ -56,6 +56,7 @@ import tempfile
 from pathlib import Path
 from localleap_jax import checkpoint
 from localleap_jax.dist import mesh as dist_mesh
+from localleap_jax.families import write_config
 loaded = ll.load(sys.argv[1], dtype="float32", mesh=mesh)
 want = param_shardings(model.params, mesh)
 res["loaded"] = dict(
@@ -79,7 +80,7 @@ bad = jax.tree.map(np.array, model.params)  # writable host copies
 bad["blocks"]["up_proj"]["kernel"][1, 3, 5] = np.nan
 tmp = Path(tempfile.mkdtemp())
 with checkpoint.atomic_directory(tmp / "nan") as d:  # the plain writer: hashes match the NaN content
-    checkpoint.write_checkpoint_files(d, hf_config=model.config.to_hf_dict(), params=bad, tokenizer_dir=sys.argv[1],
+    checkpoint.write_checkpoint_files(d, hf_config=write_config(model.config), params=bad, tokenizer_dir=sys.argv[1],
                                       manifest={}, readme="")
 try:
     ll.load(tmp / "nan", dtype="float32", mesh=mesh)

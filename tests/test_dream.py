@@ -19,6 +19,7 @@ from oracles import bidirectional as reference_torch
 from localleap_jax.config import ConfigError, ModelConfig
 from localleap_jax.model import forward, head, positions_from_mask, trunk
 from localleap_jax.tokenizer import left_pad
+from localleap_jax.families import read_config, write_config
 
 import near_misses
 
@@ -184,13 +185,13 @@ def test_dream_7b_config_reads_as_the_qwen2_block():
            "sliding_window": None, "use_sliding_window": False, "max_window_layers": 28, "tie_word_embeddings": False,
            "hidden_act": "silu", "mask_token_id": 151666, "pad_token_id": 151643, "eos_token_id": 151643,
            "bos_token_id": 151643, "use_mrope": False, "torch_dtype": "bfloat16"}
-    c = ModelConfig.from_hf_dict(cfg)
+    c = read_config(cfg)
     assert (c.family, c.qkv_bias, c.logits_shift, c.head_dim) == ("dream", True, 1, 128)
     assert (c.d_model, c.n_heads, c.n_kv_heads, c.n_layers, c.mlp_hidden_size) == (3584, 28, 4, 28, 18944)
     assert (c.embedding_size, c.rms_norm_eps, c.rope_theta) == (152064, 1e-6, 1e6)
     assert (c.mask_token_id, c.eos_token_id, c.pad_token_id) == (151666, 151643, 151643)
     assert 7.6e9 < c.num_params < 7.7e9  # the hub page says 7.62B
-    assert ModelConfig.from_hf_dict(c.to_hf_dict()) == c
+    assert read_config(write_config(c)) == c
 
 
 @pytest.mark.parametrize("change, named", [
@@ -204,7 +205,7 @@ def test_dream_7b_config_reads_as_the_qwen2_block():
 ])
 def test_unimplemented_dream_configs_are_refused_by_name(dream_hf_checkpoint, change, named):
     with pytest.raises(ConfigError, match=named):
-        ModelConfig.from_hf_dict({**dream_hf_checkpoint[1], **change})
+        read_config({**dream_hf_checkpoint[1], **change})
 
 
 def test_a_dream_checkpoint_cannot_be_loaded_as_llada(tmp_path, dream_converted, hf_checkpoint):
@@ -212,7 +213,7 @@ def test_a_dream_checkpoint_cannot_be_loaded_as_llada(tmp_path, dream_converted,
     d = tmp_path / "ck"
     shutil.copytree(dream_converted, d)
     c = ll.load(dream_converted, dtype="float32").config
-    llada = ModelConfig(**{**c.__dict__, "family": "llada", "qkv_bias": False}).to_hf_dict()
+    llada = write_config(ModelConfig(**{**c.__dict__, "family": "llada", "qkv_bias": False}))
     (d / "config.json").write_text(json.dumps(llada))
     with pytest.raises(ll.CheckpointError, match=r"unexpected \['blocks'\]\['k_proj'\]\['bias'\]"):
         ll.load(d)

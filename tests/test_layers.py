@@ -20,9 +20,9 @@ from helpers import REPO
 LAYERS = {
     "base": {"errors", "hashing"},
     "leaves": {"config", "tokenizer", "trace", "rules", "compile_cache", "processes", "partition", "synthetic_math"},
-    "core": {"model", "families", "denoiser", "decode", "dynamics", "likelihood"},
+    "core": {"model", "families", "denoiser", "loaded", "decode", "dynamics", "likelihood"},
     "storage": {"checkpoint"},
-    "conversion": {"convert_hf"},
+    "conversion": {"convert_hf", "resolve"},
     "distribution": {"dist"},
     "front door": {"api", ""},  # "": the package face, localleap_jax/__init__.py
     "adapters": {"lm_eval", "gsm8k"},

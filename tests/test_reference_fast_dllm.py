@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import localleap_jax as ll
+from localleap_jax.families import write_config
 from oracles import fast_dllm as fd
 from oracles import rules as reference_rules, reference_torch
 
@@ -36,7 +37,7 @@ def embedded():
 
     model = ll.load(ll.checkpoint.EMBEDDED, dtype="float32")
     tensors = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in hf_tensors(model.params, model.config).items()}
-    twin = reference_torch.llama_from_llada(model.config.to_hf_dict(), tensors)
+    twin = reference_torch.llama_from_llada(write_config(model.config), tensors)
     encoded = [model.tokenizer.encode(f"Question: {p['question']}\nAnswer:")
                for p in synthetic_math.take("test", 200, seed=3)]
     prompts = np.array([p for p in encoded if len(p) == PROMPT_LENGTH][:16], np.int32)

@@ -20,6 +20,7 @@ from localleap_jax.config import ConfigError, ModelConfig
 from localleap_jax.decode.canvas import grid_tail
 from localleap_jax.model import forward
 from localleap_jax.rules import DecodeError
+from localleap_jax.families import read_config
 
 from helpers import TOKENIZER_CORPUS, random_sdar_tensors, tiny_sdar_config, write_hf_checkpoint
 
@@ -33,9 +34,9 @@ FP32_TOL = 5e-5
 
 @pytest.fixture(scope="module")
 def sdar_tokenizer():
-    from localleap_jax.tokenizer import make_tokenizer
+    from localleap_jax.families import make_tokenizer
 
-    return make_tokenizer(TOKENIZER_CORPUS, vocab_size=300, family="sdar")
+    return make_tokenizer("sdar", TOKENIZER_CORPUS, vocab_size=300)
 
 
 def _build(tmp_path_factory, tok, name, **overrides):
@@ -104,12 +105,12 @@ def test_conversion_reads_the_mask_id_from_the_tokenizer_and_states_the_block(sd
 
 def test_sdar_configs_that_would_run_wrongly_are_refused_in_one_line():
     base = tiny_sdar_config(ROWS, 0, mask_token_id=3)
-    assert ModelConfig.from_hf_dict(base).family == "sdar"
+    assert read_config(base).family == "sdar"
     for bad, words in (({"attention_bias": True}, "attention_bias"), ({"rope_scaling": {"type": "yarn"}}, "rope_scaling"),
                        ({"use_sliding_window": True}, "sliding"), ({"hidden_act": "gelu"}, "hidden_act"),
                        ({"mask_token_id": None}, "python -m convert")):
         with pytest.raises(ConfigError, match=words):
-            ModelConfig.from_hf_dict({**base, **bad})
+            read_config({**base, **bad})
 
 
 # ---------------------------------------------------------------- logits

@@ -1,7 +1,6 @@
 """Decoding on a device mesh: a "data" axis that splits the batch and a "model" axis that splits the weights.
 
-    from localleap_jax.partition import make_mesh
-    mesh = make_mesh(data=2, model=4)                      # over jax.devices(), every host's
+    mesh = ll.make_mesh(data=2, model=4)                   # over jax.devices(), every host's
     model = ll.load(path, mesh=mesh)                      # parameters restored straight into their shards
     out = ll.generate(model, ids, mask, cfg, mesh=mesh)   # the same tokens as on one device
 
@@ -24,7 +23,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from localleap_jax.decode import DecodeConfig, DecodeError, Generation, LoopOutput, run
+from localleap_jax.decode import LoopOutput
+from localleap_jax.errors import DecodeError
 from localleap_jax.likelihood.program import Requests
 from localleap_jax.partition import DATA, MODEL, param_shardings
 
@@ -141,13 +141,4 @@ class LikelihoodOnMesh(_OnDataModelMesh):
         return _to_host(out)[:rows]
 
 
-def generate_sharded(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), mesh: Mesh | None = None, *,
-                     rng: jax.Array | None = None, trace: bool = False, slots: int | None = None) -> Generation:
-    """`generate` on a (data, model) mesh: one decode loop per data shard, weights split over "model"."""
-    if mesh is None:
-        raise DecodeError("generate_sharded needs a mesh with axes ('data', 'model'): "
-                          "localleap_jax.partition.make_mesh(data=..., model=...)")
-    return run(model, ids, mask, cfg, rng, placement=DataModelMesh(mesh), trace=trace, slots=slots)
-
-
-__all__ = ["DataModelMesh", "LikelihoodOnMesh", "addressable_bytes", "generate_sharded", "on_mesh", "shard_params"]
+__all__ = ["DataModelMesh", "LikelihoodOnMesh", "addressable_bytes", "on_mesh", "shard_params"]

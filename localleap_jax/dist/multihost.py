@@ -8,7 +8,7 @@ checkpoint restore, each sharded `generate`) runs on every process at once, on t
 
     leader (process 0)                        follower (process i > 0)
     leader().load(path, dtype, mesh)    ->    load(path, dtype, mesh=mesh)
-    leader().generate(model, ids, ...)  ->    generate(model, ids, ..., mesh=mesh)   (output dropped)
+    leader().generate(model, ids, ...)  ->    _generate(model, ids, ..., mesh=mesh)   (output dropped)
     leader().loglikelihood(model, ...)  ->    the same estimates on the mesh         (output dropped)
     leader().stop(status)               ->    follow() returns status
 
@@ -39,14 +39,12 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from localleap_jax import checkpoint
-from localleap_jax.checkpoint import CheckpointError
-from localleap_jax.decode import DecodeConfig, DecodeError, prepare_inputs
+from localleap_jax.decode import DecodeConfig, prepare_inputs, run
 from localleap_jax.decode.config import prompt_arrays
 from localleap_jax.decode.run import check_slots
-from localleap_jax.decode import generate as generate_on_one_device
-from localleap_jax.dist.mesh import LikelihoodOnMesh, generate_sharded
 from localleap_jax.dist.messages import BroadcastTransport, Message, Transport, receive, send
-from localleap_jax.errors import first_line
+from localleap_jax.dist.placement import decode_placement, likelihood_placement
+from localleap_jax.errors import CheckpointError, DecodeError, first_line
 from localleap_jax.likelihood import LikelihoodConfig, check_requests, greedy_match
 from localleap_jax.likelihood import loglikelihood as loglikelihood_on
 from localleap_jax.tokenizer import left_pad
@@ -56,27 +54,25 @@ from localleap_jax.processes import (LostProcessError, all_succeed, exit_lost, i
 from localleap_jax.rules.sources import RulesError, ensure_sources, sources_of
 
 
-def load(path, dtype="bfloat16", verify: bool = True, mesh=None) -> checkpoint.Model:
-    """`checkpoint.load` with every step agreed by every process: if any process cannot load (a missing or
-    damaged file on one host), every process raises CheckpointError, so none is left waiting for the others.
-    The checkpoint must be at `path` on every host. One process: just the load."""
+def _load(path, dtype="bfloat16", verify: bool = True, mesh=None) -> checkpoint.Model:
+    """This process's part of a load: `checkpoint.load` with every step agreed by every process (if any process
+    cannot load, a missing or damaged file on one host, every process raises CheckpointError, so none is left
+    waiting for the others). The checkpoint must be at `path` on every host."""
     return checkpoint.load(path, dtype, verify, mesh, agree=lambda step, what: all_succeed(step, CheckpointError, what))
 
 
-def generate(model, ids, mask=None, cfg=None, rng=None, *, mesh=None, trace: bool = False, slots: int | None = None):
+def _generate(model, ids, mask=None, cfg=None, rng=None, *, mesh=None, trace: bool = False,
+              slots: int | None = None):
     """This process's part of a generation: on the mesh (every process at once), or on one device."""
-    cfg = DecodeConfig() if cfg is None else cfg
-    if mesh is None:
-        return generate_on_one_device(model, ids, mask, cfg, rng, trace=trace, slots=slots)
-    return generate_sharded(model, ids, mask, cfg, mesh, rng=rng, trace=trace, slots=slots)
+    return run(model, ids, mask, DecodeConfig() if cfg is None else cfg, rng, placement=decode_placement(mesh),
+               trace=trace, slots=slots)
 
 
-def loglikelihood(model, contexts, continuations, lcfg: LikelihoodConfig, *, mesh=None, greedy: bool = False,
-                  on_group=None):
+def _score(model, contexts, continuations, lcfg: LikelihoodConfig, *, mesh=None, greedy: bool = False,
+           on_group=None):
     """This process's part of a likelihood evaluation: on the mesh (every process at once), or on one device."""
     score = greedy_match if greedy else loglikelihood_on
-    return score(model, contexts, continuations, lcfg, placement=None if mesh is None else LikelihoodOnMesh(mesh),
-                 on_group=on_group)
+    return score(model, contexts, continuations, lcfg, placement=likelihood_placement(mesh), on_group=on_group)
 
 
 def mesh_for_run(text: str | None):
@@ -113,7 +109,7 @@ class Leader:
                 "mesh": None if mesh is None else mesh_shape(mesh)}
         with signals_deferred():
             self._send(Message("load", meta))
-            return self._collective(lambda: load(path, dtype=dtype, verify=verify, mesh=mesh))
+            return self._collective(lambda: _load(path, dtype=dtype, verify=verify, mesh=mesh))
 
     def generate(self, model, ids, mask=None, cfg=None, rng=None, *, mesh=None, trace: bool = False,
                  slots: int | None = None):
@@ -121,7 +117,7 @@ class Leader:
         the output). Inputs are checked here first, so a mistake never reaches them."""
         cfg = DecodeConfig() if cfg is None else cfg
         if not self.has_followers:
-            return generate(model, ids, mask, cfg, rng, trace=trace, mesh=mesh, slots=slots)
+            return _generate(model, ids, mask, cfg, rng, trace=trace, mesh=mesh, slots=slots)
         if mesh is None:
             raise DecodeError("a multi-process run generates on a mesh: pass mesh=make_mesh(...)")
         ids, mask = prompt_arrays(ids, mask)
@@ -140,27 +136,27 @@ class Leader:
             self._send(Message("generate", meta, ids=ids, mask=mask, key=key))
             if meta["rules"]:
                 all_succeed(lambda: None, RulesError, "loading the rule files")
-            return self._collective(lambda: generate(model, ids, mask, cfg, rng, trace=trace, mesh=mesh, slots=slots))
+            return self._collective(lambda: _generate(model, ids, mask, cfg, rng, trace=trace, mesh=mesh, slots=slots))
 
     def loglikelihood(self, model, contexts, continuations, lcfg: LikelihoodConfig, *, mesh=None,
                       greedy: bool = False, on_group=None):
         """`loglikelihood(..., mesh=mesh)` on every process, on the same requests (the followers drop their copy).
         The requests are checked here first, so a mistake never reaches them."""
         if not self.has_followers:
-            return loglikelihood(model, contexts, continuations, lcfg, mesh=mesh, greedy=greedy, on_group=on_group)
+            return _score(model, contexts, continuations, lcfg, mesh=mesh, greedy=greedy, on_group=on_group)
         if mesh is None:
             raise DecodeError("a multi-process run scores on a mesh: pass mesh=make_mesh(...)")
         pairs = check_requests(contexts, continuations, model.config)
         lcfg.validate()
         if not pairs:
-            return loglikelihood(model, [], [], lcfg, mesh=mesh, greedy=greedy)
+            return _score(model, [], [], lcfg, mesh=mesh, greedy=greedy)
         ids, mask = left_pad([c + y for c, y in pairs], model.config.pad_token_id)
         meta = {"likelihood": lcfg.to_json(), "lengths": [len(y) for _, y in pairs], "greedy": bool(greedy),
                 "mesh": mesh_shape(mesh)}
         contexts, continuations = [c for c, _ in pairs], [y for _, y in pairs]
         with signals_deferred():
             self._send(Message("loglikelihood", meta, ids=ids, mask=mask))
-            return self._collective(lambda: loglikelihood(model, contexts, continuations, lcfg, mesh=mesh,
+            return self._collective(lambda: _score(model, contexts, continuations, lcfg, mesh=mesh,
                                                           greedy=greedy, on_group=on_group))
 
     def stop(self, status: int = 0) -> None:
@@ -260,7 +256,7 @@ class Follower:
         self.model = None
         self.mesh = None if meta["mesh"] is None else make_mesh(*meta["mesh"])
         try:
-            self.model = load(meta["path"], dtype=meta["dtype"], verify=meta["verify"], mesh=self.mesh)
+            self.model = _load(meta["path"], dtype=meta["dtype"], verify=meta["verify"], mesh=self.mesh)
         except CheckpointError as e:  # every process raised (checkpoint.load agrees): the leader sends stop
             print(f"error: process {process_index()}: {e}", file=sys.stderr, flush=True)
 
@@ -278,7 +274,7 @@ class Follower:
             seq = row[keep.astype(bool)].tolist()
             contexts.append(seq[:len(seq) - length])
             continuations.append(seq[len(seq) - length:])
-        return loglikelihood(self.model, contexts, continuations, LikelihoodConfig.from_json(msg.meta["likelihood"]),
+        return _score(self.model, contexts, continuations, LikelihoodConfig.from_json(msg.meta["likelihood"]),
                              mesh=self.mesh, greedy=msg.meta["greedy"])
 
     def generate(self, msg: Message):
@@ -293,7 +289,7 @@ class Follower:
         if msg.key is not None:
             import jax
             rng = jax.random.wrap_key_data(msg.key, impl=msg.meta["key_impl"])
-        return generate(self.model, msg.ids, msg.mask, DecodeConfig.from_json(msg.meta["config"]), rng,
+        return _generate(self.model, msg.ids, msg.mask, DecodeConfig.from_json(msg.meta["config"]), rng,
                         trace=msg.meta["trace"], mesh=self.mesh, slots=msg.meta.get("slots"))
 
 
@@ -336,5 +332,4 @@ def follow_until_stopped(what: str = "run") -> int:
     return status
 
 
-__all__ = ["Follower", "Leader", "follow", "follow_until_stopped", "generate", "leader", "leading", "load",
-           "mesh_for_run", "mesh_shape"]
+__all__ = ["Follower", "Leader", "follow", "follow_until_stopped", "leader", "leading", "mesh_for_run", "mesh_shape"]

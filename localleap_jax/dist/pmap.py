@@ -12,7 +12,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from localleap_jax.decode import DecodeConfig, Generation, LoopOutput, run
+from localleap_jax.decode import LoopOutput
 
 _REPLICATED: dict = {}  # devices -> (the denoiser's leaves, its replicated copy); one model at a time
 
@@ -54,12 +54,3 @@ class Replicated:
         merge = lambda a: np.asarray(a).reshape(-1, *np.shape(a)[2:])[:batch]  # noqa: E731
         return LoopOutput(merge(out.x), merge(out.nfe), int(np.max(out.passes)), int(np.max(out.full_passes)),
                           jax.tree.map(merge, out.record), jax.tree.map(merge, out.remasks))
-
-
-def generate_parallel(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None,
-                      devices=None, *, trace: bool = False, slots: int | None = None) -> Generation:
-    """`generate`, with the batch split across `devices` (default: all local devices)."""
-    devices = tuple(devices or jax.local_devices())
-    if len(devices) == 1:
-        return run(model, ids, mask, cfg, rng, trace=trace, slots=slots)
-    return run(model, ids, mask, cfg, rng, placement=Replicated(devices), trace=trace, slots=slots)

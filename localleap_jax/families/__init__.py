@@ -1,45 +1,141 @@
-"""Where each Hugging Face tensor of a model family goes in the one Flax parameter tree.
+"""Model families: everything that tells one family from another, one file each.
 
-Every family module has `tensor_map(config) -> {hf_name: Target}`: the complete set of tensors a
-checkpoint of that family must hold, each with its destination. The converter checks a source
-against it and copies through it; `hf_tensors` runs it backwards (Flax tree -> HF names) for the
-PyTorch reference models of tests and benchmarks.
+    family = family_of(model.config)        # the record: how to read/write its config.json, its tensors, ...
+    config = read_config(hf_config_dict)    # config.json -> ModelConfig, the family from model_type/architectures
+    hf = write_config(config)               # ModelConfig -> config.json in the family's own layout
+
+  llada  LLaDA (OLMo-style keys), bidirectional                                        llada.py
+  dream  Dream (Qwen2.5 keys): q/k/v biases, logits lag one position                    dream.py
+  sdar   SDAR / TraDo (Qwen3 keys): per-head q/k norms, tied head, block-causal           sdar.py
+  (fields.py: typed config.json readers; qwen.py: the Qwen2/Qwen3 keys and tensor names Dream and SDAR share;
+   target.py: where a tensor goes.)
+
+A family's reader turns its config.json into the family-neutral `ModelConfig` (the network's sizes and
+switches: biases, q/k norms, a tied head, block-causal attention, the logits shift); the rest of the library
+reads those switches, or asks the family record (`family_of`) for what is not the network's: conversion hooks,
+the likelihood estimator, evaluation defaults. Nothing outside this package compares family names.
+
+Adding a family: a file here ending in `FAMILY = Family(...)`, one line in `FAMILIES` below, and its tests.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 from localleap_jax.config import ModelConfig
+from localleap_jax.errors import ConfigError
+from localleap_jax.families.target import Target, by_hf_name
 
 
-class Target(NamedTuple):
-    """Where one HF tensor goes: a leaf of the Flax tree, a layer slot (or None), transposed or not."""
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What a model family is, beside the network its ModelConfig describes."""
 
-    path: tuple[str, ...]
-    layer: int | None
-    transpose: bool  # PyTorch Linear stores [out, in]; the Flax kernel is [in, out]
+    name: str  # ModelConfig.family, manifest.json's "family", `python -m convert --family NAME`
+    title: str  # how messages name it ("LLaDA")
+    model_types: tuple[str, ...]  # config.json model_type values (compared lowercased) that name it
+    architectures: tuple[str, ...]  # substrings of config.json architectures that name it (the longest match wins)
+    read: Callable[[Mapping[str, Any]], ModelConfig]  # config.json -> ModelConfig; refuses what the network lacks
+    write: Callable[[ModelConfig], dict[str, Any]]  # ModelConfig -> config.json, for checkpoints written here
+    tensor_map: Callable[[ModelConfig], dict[str, Target]]  # every HF tensor of a checkpoint, and where it goes
+    mask_token: str  # the tokenizer's mask token
+    chat_format: str = "llada"  # the small tokenizers this project trains: LLaDA's specials, or "chatml"
+    key_hint: str | None = None  # a config.json key that names the family when nothing else does (older files)
+    # Conversion: what config.json lacks, completed from the source's other files (`complete_config(src, hf)`);
+    # a tokenizer.json built into `workdir` from the source's slow tokenizer files (`build_tokenizer(src, workdir)`
+    # -> whether it built one).
+    complete_config: Callable[[Path, dict], dict] | None = None
+    build_tokenizer: Callable[[Path, Path], bool] | None = None
+    slow_tokenizer_files: str = ""  # what `build_tokenizer` reads, for the "no tokenizer" message
+    # Likelihood: the family's own Monte-Carlo estimator ("llada" | "dream"), or None with the reason it is refused;
+    # how text becomes (context, continuation) ids: LLaDA's split, or Dream's with EOS appended to the whole (context
+    # its estimator never masks).
+    likelihood: str | None = "llada"
+    likelihood_refusal: str = ""
+    pairs_end_with_eos: bool = False
+    # Evaluation: the strategies a run that names none compares (the baseline first).
+    eval_strategies: str = "low_confidence,threshold,localleap"
 
 
-# The family modules import `Target` from here, so they are imported after it is defined.
-from localleap_jax.families import dream, llada, sdar  # noqa: E402
+from localleap_jax.families import dream, llada, sdar  # noqa: E402  (each builds a Family)
 
-_TENSOR_MAPS = {"llada": llada.tensor_map, "dream": dream.tensor_map, "sdar": sdar.tensor_map}
+FAMILIES: dict[str, Family] = {f.name: f for f in (llada.FAMILY, dream.FAMILY, sdar.FAMILY)}
+
+
+def family_of(config_or_name: ModelConfig | str) -> Family:
+    """The record of a ModelConfig's family (or of a family name)."""
+    name = config_or_name if isinstance(config_or_name, str) else config_or_name.family
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ConfigError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}") from None
+
+
+def detect(cfg: Mapping[str, Any]) -> Family:
+    """The family a config.json names: by model_type and architectures (which must agree), else by its key style."""
+    model_type = cfg.get("model_type")
+    by_type = [] if model_type is None else [f for f in FAMILIES.values() if str(model_type).lower() in f.model_types]
+    if model_type is not None and not by_type:
+        known = ", ".join(f"{f.title} ({f.model_types[0]!r})" for f in FAMILIES.values())
+        raise ConfigError(f"config.json has model_type={model_type!r}; the families this package runs are {known}")
+    archs = cfg.get("architectures") or []
+    arch_text = " ".join(map(str, archs)) if isinstance(archs, list) else str(archs)
+    hits = [(len(a), f) for f in FAMILIES.values() for a in f.architectures if a in arch_text]
+    by_arch = max(hits, key=lambda h: h[0])[1] if hits else None
+    if by_type and by_arch is not None and by_arch not in by_type:
+        raise ConfigError(f"config.json contradicts itself: model_type={model_type!r} but architectures={archs!r}")
+    if by_arch is not None or by_type:
+        return by_arch or by_type[0]
+    hinted = [f for f in FAMILIES.values() if f.key_hint and f.key_hint in cfg]
+    if hinted:
+        return hinted[0]
+    known = ", ".join(f"{f.model_types[0]!r} ({f.title})" for f in FAMILIES.values())
+    raise ConfigError(f"config.json names no model family: expected model_type {known}")
+
+
+def read_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    """A config.json (as a dict) as the ModelConfig of its family."""
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(f"config.json must hold a JSON object, not a {type(cfg).__name__}")
+    return detect(cfg).read(cfg)
+
+
+def read_config_file(path: str | Path) -> ModelConfig:
+    path = Path(path)
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"no config.json at {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
+    return read_config(cfg)
+
+
+def write_config(config: ModelConfig) -> dict[str, Any]:
+    """A config.json in the family's own layout, for checkpoints this project writes itself."""
+    return family_of(config).write(config)
 
 
 def tensor_map(config: ModelConfig) -> dict[str, Target]:
-    """Every HF tensor name of `config.family`'s checkpoints, with its destination in the tree."""
-    return _TENSOR_MAPS[config.family](config)
+    """Every HF tensor name of the config's family's checkpoints, with its destination in the tree."""
+    return family_of(config).tensor_map(config)
 
 
 def hf_tensors(params: Any, config: ModelConfig) -> dict[str, Any]:
-    """The family's HF-named tensors ([out, in] like PyTorch) from a Flax tree. Arrays stay whatever
-    type the tree holds (numpy, jax)."""
-    out = {}
-    for name, tgt in tensor_map(config).items():
-        leaf = params
-        for k in tgt.path:
-            leaf = leaf[k]
-        arr = leaf if tgt.layer is None else leaf[tgt.layer]
-        out[name] = arr.T if tgt.transpose else arr
-    return out
+    """The family's HF-named tensors ([out, in] like PyTorch) from a Flax tree (for the PyTorch references)."""
+    return by_hf_name(params, tensor_map(config))
+
+
+def make_tokenizer(family: str, texts, vocab_size: int = 512):
+    """A small byte-level BPE tokenizer with the family's special tokens and chat format (tests, train_tiny)."""
+    from localleap_jax.tokenizer import make_tokenizer as train
+
+    record = family_of(family)
+    return train(texts, vocab_size, chat=record.chat_format, mask_token=record.mask_token)
+
+
+__all__ = ["FAMILIES", "Family", "Target", "detect", "family_of", "hf_tensors", "make_tokenizer",
+           "read_config", "read_config_file", "tensor_map", "write_config"]

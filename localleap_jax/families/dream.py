@@ -1,38 +1,58 @@
-"""Dream's tensor names (Qwen2 layout): `model.embed_tokens`, `model.layers.{i}.*`, `model.norm`,
-`lm_head`.
+"""Dream (Dream-org/Dream-v0-Base-7B, -Instruct-7B): a Qwen2.5 block with bidirectional attention whose logits lag
+one position: the token at i is scored from the hidden state at i - 1 (`ModelConfig.logits_shift` = 1).
 
-Biases on q/k/v only (when `config.qkv_bias`, as in Dream-7B); the LM head is untied. Each HF
-module maps onto the leaf of the same role in the shared tree (LLaDA's names).
+config.json: Qwen2 keys (defaults those of Dream's configuration_dream.py, used only when a key is absent); Dream's
+modeling code always builds q/k/v with biases (a config may say otherwise explicitly); untied head; vocab_size counts
+every embedding row (152064), the tokenizer knows fewer ids. Tensors: Qwen2's names (qwen.py).
+The release ships only a "slow" Qwen2 tokenizer (vocab.json + merges.txt) and remote code: the converter builds
+the same tokenizer with transformers' own Qwen2 class (no remote code runs). Likelihood: Dream's estimator and
+pairs (EOS appended to the whole string, never masked).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any, Mapping
+
 from localleap_jax.config import ModelConfig
-from localleap_jax.families import Target
+from localleap_jax.errors import ConfigError
+from localleap_jax.families import Family, qwen
+from localleap_jax.families.fields import flag, refuse
 
-_LINEAR = {  # HF module in a layer -> our block leaf
-    "self_attn.q_proj": "q_proj",
-    "self_attn.k_proj": "k_proj",
-    "self_attn.v_proj": "v_proj",
-    "self_attn.o_proj": "attn_out",
-    "mlp.gate_proj": "ff_proj",  # silu is applied to the gate
-    "mlp.up_proj": "up_proj",
-    "mlp.down_proj": "ff_out",
-}
-_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ff_norm"}
-_BIASED = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+MASK_TOKEN = "<|mask|>"  # Dream's (151666 in the release; config.json names its id)
 
 
-def tensor_map(config: ModelConfig) -> dict[str, Target]:
-    out = {
-        "model.embed_tokens.weight": Target(("wte", "embedding"), None, False),
-        "model.norm.weight": Target(("ln_f", "scale"), None, False),
-        "lm_head.weight": Target(("ff_out", "kernel"), None, True),  # [V, D] -> [D, V]
-    }
-    for i in range(config.n_layers):
-        layer = f"model.layers.{i}."
-        out |= {f"{layer}{hf}.weight": Target(("blocks", ours, "scale"), i, False) for hf, ours in _NORMS.items()}
-        out |= {f"{layer}{hf}.weight": Target(("blocks", ours, "kernel"), i, True) for hf, ours in _LINEAR.items()}
-        if config.qkv_bias:
-            out |= {f"{layer}{hf}.bias": Target(("blocks", _LINEAR[hf], "bias"), i, False) for hf in _BIASED}
-    return out
+def read(cfg: Mapping[str, Any]) -> ModelConfig:
+    refuse(qwen.refusals(cfg, tied_ok=False))
+    fields = qwen.fields(cfg)
+    d_model, n_heads = fields["d_model"], fields["n_heads"]
+    head_dim = cfg.get("head_dim")
+    if head_dim is not None and head_dim != d_model // n_heads:
+        refuse([f"head_dim={head_dim!r} (only hidden_size / num_attention_heads = {d_model // n_heads})"])
+    if fields["vocab_size"] != fields["embedding_size"]:  # one vocab_size in Dream's config: the embedding's rows
+        raise ConfigError(f"a Dream config has vocab_size == embedding_size, got {fields['vocab_size']} and "
+                          f"{fields['embedding_size']}")
+    return ModelConfig(**fields, family="dream", qkv_bias=flag(cfg, "attention_bias", True), logits_shift=1)
+
+
+def write(c: ModelConfig) -> dict[str, Any]:
+    return {"architectures": ["DreamModel"], "model_type": "Dream", **qwen.keys(c), "sliding_window": None,
+            "tie_word_embeddings": False, "attention_bias": c.qkv_bias}
+
+
+def build_tokenizer(src: Path, workdir: Path) -> bool:
+    """tokenizer.json in `workdir` from Dream's vocab.json + merges.txt + tokenizer_config.json (False: the source
+    has no such files)."""
+    if not ((src / "vocab.json").exists() and (src / "merges.txt").exists()):
+        return False
+    from localleap_jax.tokenizer import save_qwen2_fast_tokenizer
+
+    save_qwen2_fast_tokenizer(src, workdir)
+    return True
+
+
+FAMILY = Family(
+    name="dream", title="Dream", model_types=("dream",), architectures=("Dream",),
+    read=read, write=write, tensor_map=qwen.tensor_map, mask_token=MASK_TOKEN, chat_format="chatml",
+    build_tokenizer=build_tokenizer, slow_tokenizer_files="Dream's vocab.json + merges.txt",
+    likelihood="dream", pairs_end_with_eos=True)

@@ -7,11 +7,12 @@ from pathlib import Path
 
 from localleap_jax.checkpoint import CheckpointError, read_manifest
 from localleap_jax.config import ConfigError, ModelConfig
-from localleap_jax.convert_hf import resolve_checkpoint
+from localleap_jax.resolve import resolve_checkpoint
 from localleap_jax.decode import DecodeError, check_room
 from localleap_jax.dist.multihost import leader
 from localleap_jax.errors import UserError
 from localleap_jax.lm_eval import default_dtype
+from localleap_jax.families import read_config_file
 
 
 def find_checkpoint(name: str | None) -> tuple[Path, dict]:
@@ -26,7 +27,7 @@ def find_checkpoint(name: str | None) -> tuple[Path, dict]:
 def read_model_config(path: Path) -> ModelConfig:
     """The checkpoint's ModelConfig from its config.json (before loading the weights)."""
     try:
-        return ModelConfig.from_json_file(path / "config.json")
+        return read_config_file(path / "config.json")
     except ConfigError as e:
         raise UserError(f"{path}: {e}") from None
 

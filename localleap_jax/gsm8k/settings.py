@@ -7,13 +7,11 @@ import dataclasses
 from typing import Any
 
 from localleap_jax.decode import DecodeConfig
+from localleap_jax.families import family_of
 from localleap_jax.decode.config import with_shared_settings
 
 DEFAULTS = {"gen_length": 256, "block_length": 32, "num_fewshot": 5}  # the papers' GSM8K setting
-DEFAULT_STRATEGIES = "low_confidence,threshold,localleap"
-# A block-diffusion model (SDAR) decodes in the blocks it was trained with; SDAR's own evaluation (OpenCompass,
-# JetEngine) decodes with low_confidence_dynamic at threshold 0.9 and one step per token of the block.
-BLOCK_DIFFUSION_STRATEGIES = "low_confidence,dynamic:threshold=0.9,threshold,localleap"
+DEFAULT_STRATEGIES = "low_confidence,threshold,localleap"  # before the model is known; then its family's
 
 
 def model_defaults(manifest: dict, config=None) -> dict:
@@ -31,7 +29,7 @@ def default_strategies(config=None, manifest: dict | None = None) -> str:
     own = (manifest or {}).get("eval_defaults", {}).get("strategies")
     if own:
         return own
-    return BLOCK_DIFFUSION_STRATEGIES if config is not None and config.block_causal else DEFAULT_STRATEGIES
+    return family_of(config).eval_strategies if config is not None else DEFAULT_STRATEGIES
 
 
 @dataclasses.dataclass(frozen=True)

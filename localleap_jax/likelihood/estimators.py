@@ -100,7 +100,6 @@ class MaskRate:
         return Noise(masked, 1.0 / p)
 
 
-def estimator_for(family: str, name: str | None, sampling_eps: float = 1e-3) -> Estimator:
-    """The named estimator, or the family's own (Dream's for Dream, LLaDA's otherwise)."""
-    name = name or ("dream" if family == "dream" else "llada")
+def estimator_for(name: str, sampling_eps: float = 1e-3) -> Estimator:
+    """The named estimator: "llada" (MaskCount) or "dream" (MaskRate)."""
     return MaskRate(sampling_eps) if name == "dream" else MaskCount()

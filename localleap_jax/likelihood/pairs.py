@@ -8,27 +8,31 @@ string (its estimator never masks that last token, it only conditions on it).
 
 from __future__ import annotations
 
+from localleap_jax.families import FAMILIES, family_of
+
 
 def encode_pair(model_or_tokenizer, context: str, continuation: str, family: str | None = None,
                 add_bos_token: bool = False) -> tuple[list[int], list[int]]:
-    """(context ids, continuation ids) as the family's authors split them: LLaDA's `_encode_pair` (the tokenizer's
-    own special tokens, e.g. its BOS), or Dream's (`add_bos_token` prepends the BOS text, Dream's option).
-    Given an `ll.Model` the family is its own; given a tokenizer, `family` (default "llada")."""
+    """(context ids, continuation ids) as the family's authors split them (`Family.pairs_end_with_eos`): LLaDA's
+    `_encode_pair` (the tokenizer's own special tokens, e.g. its BOS), or Dream's (EOS appended to the whole;
+    `add_bos_token` prepends the BOS text, Dream's option). Given an `ll.Model` the family is its own; given a
+    tokenizer, `family` (a family's name, default "llada")."""
     config = getattr(model_or_tokenizer, "config", None)
     tokenizer = model_or_tokenizer.tokenizer if config is not None else model_or_tokenizer
     family = family or (config.family if config is not None else "llada")
-    if family not in ("llada", "dream", "sdar"):
-        raise ValueError(f"encode_pair: family must be llada, dream or sdar, got {family!r}")
+    if family not in FAMILIES:
+        raise ValueError(f"encode_pair: family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    dream = family_of(family).pairs_end_with_eos
     hf = getattr(tokenizer, "hf", tokenizer)
     if not isinstance(context, str) or not isinstance(continuation, str):
         raise TypeError(f"encode_pair takes two strings, got {type(context).__name__} and "
                         f"{type(continuation).__name__}")
-    if family == "dream" and add_bos_token and hf.bos_token:
+    if dream and add_bos_token and hf.bos_token:
         context = hf.bos_token + context
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
-    if family == "dream":
+    if dream:
         whole = hf.encode(context + continuation) + [hf.eos_token_id]
         context_ids = hf.encode(context)
     else:

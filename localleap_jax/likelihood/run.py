@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from localleap_jax.compile_cache import compile_once, signature
+from localleap_jax.families import family_of
 from localleap_jax.likelihood.config import LikelihoodConfig, LikelihoodError
 from localleap_jax.likelihood.estimators import estimator_for
 from localleap_jax.likelihood.program import Requests, greedy_suffix, mc_loglikelihood
@@ -171,17 +172,17 @@ def run_groups(model, contexts, continuations, lcfg: LikelihoodConfig, *, placem
         raise LikelihoodError(f"the likelihood settings must be an ll.LikelihoodConfig, got {type(lcfg).__name__}")
     lcfg = lcfg.validate()
     config = model.config
-    if lcfg.estimator == "dream" and config.family != "dream":
+    family = family_of(config)
+    if family.likelihood is None:
+        raise LikelihoodError(family.likelihood_refusal or f"likelihood of {family.title} models is not served")
+    if lcfg.estimator == "dream" and not family.pairs_end_with_eos:
         raise LikelihoodError(f"estimator='dream' never scores a continuation's last token (the EOS Dream's pairs end "
-                              f"with); pairs of this {config.family} model hold none: use its own estimator")
-    if config.block_causal:
-        raise LikelihoodError("likelihood of block-diffusion models (SDAR) is not served: their authors publish no "
-                              "estimator, and a block-causal mask changes what a masked token sees")
+                              f"with); pairs of this {family.title} model hold none: use its own estimator")
     pairs = check_requests(contexts, continuations, config)
     out = np.zeros((len(pairs),), bool if greedy else np.float64)
     if not pairs:
         return out
-    estimator = estimator_for(config.family, lcfg.estimator, lcfg.sampling_eps)
+    estimator = estimator_for(lcfg.estimator or family.likelihood, lcfg.sampling_eps)
     hashes = np.asarray([request_hash(*p) for p in pairs], np.uint32)
     seed_key = jax.random.key(lcfg.seed)
     request_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(seed_key, jnp.asarray(hashes))

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from localleap_jax.synthetic_math import take
+from localleap_jax.families import read_config_file
 
 TASK = "synthetic_math_choice"
 
@@ -84,13 +85,12 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", default="embedded", help="whose chat format the contexts use (default embedded)")
     args = ap.parse_args(argv)
     from localleap_jax.checkpoint import CheckpointError
-    from localleap_jax.convert_hf import resolve_checkpoint
+    from localleap_jax.resolve import resolve_checkpoint
     from localleap_jax.tokenizer import Tokenizer, TokenizerError
-    from localleap_jax.config import ModelConfig
 
     try:
         path = resolve_checkpoint(args.checkpoint)
-        config = ModelConfig.from_json_file(path / "config.json")
+        config = read_config_file(path / "config.json")
         tokenizer = Tokenizer.from_dir(path, mask_id=config.mask_token_id, eos_id=config.eos_token_id,
                                        pad_id=config.pad_token_id)
         name, include = write_choice_task(Path(args.out).expanduser().resolve(), tokenizer, args.n)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from localleap_jax import processes
 from localleap_jax.checkpoint import CheckpointError, read_manifest
-from localleap_jax.config import ConfigError, ModelConfig
-from localleap_jax.convert_hf import is_hub_id, resolve_checkpoint
+from localleap_jax.errors import ConfigError
+from localleap_jax.resolve import is_hub_id, resolve_checkpoint
 from localleap_jax.decode import DecodeConfig, DecodeError
 from localleap_jax.dist.multihost import leading
 from localleap_jax.lm_eval.args import ModelArgsError, check_gen_length, parse_model_args, refuse_python_only
@@ -20,6 +20,7 @@ from localleap_jax.lm_eval.prompts import PromptTooLongError
 from localleap_jax.lm_eval.stats import check_writable
 from localleap_jax.likelihood import LikelihoodError
 from localleap_jax.tokenizer import TokenizerError
+from localleap_jax.families import read_config_file
 
 # Mistakes the command line reports in one line (exit status 2).
 USER_ERRORS = (LikelihoodError, ModelArgsError, PromptTooLongError, CacheMismatchError, CheckpointError,
@@ -36,7 +37,7 @@ def check_checkpoint(settings: dict, cfg: DecodeConfig) -> None:
     path = resolve_checkpoint(name)
     read_manifest(path)
     try:
-        config = ModelConfig.from_json_file(path / "config.json")
+        config = read_config_file(path / "config.json")
     except ConfigError as e:
         raise CheckpointError(f"{path}: {e}") from None
     check_gen_length(cfg, config.max_sequence_length)

@@ -33,7 +33,7 @@ from tqdm import tqdm
 from localleap_jax.api import generate
 from localleap_jax.checkpoint import Model
 from localleap_jax.compile_cache import enable_compilation_cache
-from localleap_jax.convert_hf import resolve_checkpoint
+from localleap_jax.resolve import resolve_checkpoint
 from localleap_jax.decode import DecodeConfig
 from localleap_jax.dist.multihost import leader
 from localleap_jax.decode.config import replaced
@@ -165,16 +165,16 @@ class LocalLeapLM(LM):
 
         hf = self.model.tokenizer.hf
         prefix = hf.bos_token_id if hf.bos_token_id is not None else self.model.config.eos_token_id
-        dream = self.model.config.family == "dream"
+        ends_with_eos = self.model.family.pairs_end_with_eos
         # a window is its context and at most max_seq_len tokens (one more than a causal model reads); Dream's end with EOS
-        room = self.model.config.max_sequence_length - 1 - (1 if dream else 0)
+        room = self.model.config.max_sequence_length - 1 - (1 if ends_with_eos else 0)
         pairs, keys, owner = [], [], []
         for n, r in enumerate(requests):
             tokens = hf(r.args[0], add_special_tokens=False)["input_ids"]
             for w, window in enumerate(get_rolling_token_windows(token_list=tokens, prefix_token=prefix,
                                                                   max_seq_len=room, context_len=1)):
                 context, continuation = make_disjoint_window(window)
-                pairs.append((list(context), list(continuation) + ([hf.eos_token_id] if dream else [])))
+                pairs.append((list(context), list(continuation) + ([hf.eos_token_id] if ends_with_eos else [])))
                 keys.append(pair_key(r.args[0], f"rolling window {w}"))
                 owner.append(n)
         scores = self._score(pairs, keys, "loglikelihood_rolling", disable_tqdm, with_greedy=False)

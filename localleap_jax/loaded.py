@@ -1,0 +1,44 @@
+"""`Model`: a loaded checkpoint, everything generation needs: the architecture, its family, its weights, its tokenizer."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax.numpy as jnp
+
+from localleap_jax.config import ModelConfig
+from localleap_jax.denoiser import ModelDenoiser, SpecialIds
+from localleap_jax.families import Family, family_of
+from localleap_jax.model import Params
+from localleap_jax.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """Everything generation needs: the architecture, its weights and its tokenizer."""
+
+    config: ModelConfig
+    params: Params
+    tokenizer: Tokenizer
+    path: Path | None = None
+
+    @property
+    def family(self) -> Family:
+        """The family record (how its config.json and tensors are named, its likelihood estimator, ...)."""
+        return family_of(self.config)
+
+    @property
+    def dtype(self) -> jnp.dtype:
+        return self.params["wte"]["embedding"].dtype
+
+    @property
+    def denoiser(self) -> ModelDenoiser:
+        """What the decode loop runs (the parameters and the config, model.py's pure functions)."""
+        return ModelDenoiser(self.params, self.config)
+
+    @property
+    def special(self) -> SpecialIds:
+        """The ids the decode loop treats specially: mask and EOS from the config, EOT and the decodable ids
+        from the tokenizer."""
+        return SpecialIds.of(self.config, self.tokenizer)
