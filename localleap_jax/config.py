@@ -40,6 +40,7 @@ class ModelConfig:
     # How far the logits lag the tokens they score: 1 when the token at i is scored from the hidden state at i - 1
     # (Dream, trained from an autoregressive model), 0 when from its own (LLaDA, SDAR).
     logits_shift: int = 0
+    rotary_dim: int | None = None  # RoPE on the first rotary_dim dims of each head (None: all; LLaDA2: half)
 
     def __post_init__(self):
         if not isinstance(self.family, str) or not self.family:
@@ -60,6 +61,8 @@ class ModelConfig:
             raise ConfigError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
             raise ConfigError(f"head_dim={self.head_dim} must be even for rotate-half RoPE")
+        if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
+            raise ConfigError(f"rotary_dim={self.rotary_dim} must be even and in (0, head_dim={self.head_dim}]")
         if self.embedding_size < self.vocab_size:
             raise ConfigError(f"embedding_size={self.embedding_size} < vocab_size={self.vocab_size}")
         for name in ("mask_token_id", "eos_token_id", "pad_token_id"):

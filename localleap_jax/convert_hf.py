@@ -32,6 +32,7 @@ from localleap_jax.checkpoint import abstract_params, atomic_directory, check_ou
 from localleap_jax.config import ModelConfig
 from localleap_jax.errors import ConfigError, ConversionError, first_line
 from localleap_jax.families import FAMILIES, Family, detect, family_of, tensor_map
+from localleap_jax.families.target import hf_shape, leaf_of, parts
 from localleap_jax.hashing import sha256_file
 
 _DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32, "F64": np.float64}
@@ -155,17 +156,22 @@ def check_tensors(shards: list[Path], config: ModelConfig) -> dict[str, TensorIn
             found[name] = info
             if info.dtype not in _DTYPES:
                 bad_dtype.append(f"{name} has dtype {info.dtype}")
-            tgt = targets.get(name)
-            if tgt is None:
+            entry = targets.get(name)
+            if entry is None:
                 unexpected.append(name)
                 continue
-            leaf = expected
-            for k in tgt.path:
-                leaf = leaf[k]
-            want = leaf.shape[1:] if tgt.layer is not None else leaf.shape
-            want = tuple(reversed(want)) if tgt.transpose else tuple(want)
-            if info.shape != want:
-                bad_shape.append(f"{name} is {list(info.shape)}, config.json implies {list(want)}")
+            blocks = parts(entry)
+            want = [hf_shape(t, tuple(leaf_of(expected, t).shape)) for t in blocks]
+            if len(blocks) == 1 and blocks[0].rows is None:
+                if info.shape != want[0]:
+                    bad_shape.append(f"{name} is {list(info.shape)}, config.json implies {list(want[0])}")
+                continue
+            # a fused tensor: its row blocks must tile its first axis, each block the shape of its destination
+            rows = sorted((t.rows, w) for t, w in zip(blocks, want))
+            whole = (sum(w[0] for _, w in rows),) + rows[0][1][1:]
+            tiles = all(r[0] == sum(w[0] for _, w in rows[:i]) and r[1] - r[0] == w[0] for i, (r, w) in enumerate(rows))
+            if info.shape != whole or not tiles:
+                bad_shape.append(f"{name} is {list(info.shape)}, config.json implies {list(whole)}")
     missing = [n for n in targets if n not in found]
     problems = []
     for label, items in (("missing", missing), ("duplicate", duplicates), ("unexpected", unexpected),
@@ -258,19 +264,17 @@ def convert(src: str, out: str, dtype: str = "source", revision: str | None = No
                 for name, info in tensors.items():
                     if info.shard != shard:
                         continue
-                    tgt = targets[name]
-                    leaf = params
-                    for k in tgt.path:
-                        leaf = leaf[k]
-                    dst = leaf if tgt.layer is None else leaf[tgt.layer]
                     src_arr = read_tensor(info)
                     non_finite = src_arr.size - int(np.count_nonzero(np.isfinite(src_arr)))
                     if non_finite:
                         raise ConversionError(f"{name} holds {non_finite} non-finite value(s) (NaN/inf) in {shard.name}")
-                    np.copyto(dst, src_arr.T if tgt.transpose else src_arr, casting="unsafe")
-                    narrower = ml_dtypes.finfo(out_dtype).max < ml_dtypes.finfo(src_arr.dtype).max
-                    if narrower and not np.isfinite(dst).all():  # a value beyond the target dtype's range
-                        raise ConversionError(f"{name} overflows {out_dtype.name} (values beyond its range)")
+                    for tgt in parts(targets[name]):
+                        dst = leaf_of(params, tgt)
+                        block = src_arr if tgt.rows is None else src_arr[tgt.rows[0]:tgt.rows[1]]
+                        np.copyto(dst, block.T if tgt.transpose else block, casting="unsafe")
+                        narrower = ml_dtypes.finfo(out_dtype).max < ml_dtypes.finfo(src_arr.dtype).max
+                        if narrower and not np.isfinite(dst).all():  # a value beyond the target dtype's range
+                            raise ConversionError(f"{name} overflows {out_dtype.name} (values beyond its range)")
                     del src_arr
                     bar.update(info.nbytes)
                 shard_sums.append({"file": shard.name, "sha256": sha256_file(shard), "bytes": shard.stat().st_size})

@@ -69,16 +69,20 @@ def rms_norm(x: Float[Array, "... D"], scale: Float[Array, "D"], eps: float) -> 
     return scale * x32.astype(x.dtype)
 
 
-def rope(x: Float[Array, "B T N H"], positions: Int[Array, "B T"], theta: float) -> Float[Array, "B T N H"]:
-    """Rotate-half (NeoX-style) rotary embedding computed in fp32."""
-    head_dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
-    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
-    angles = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, H]
+def rope(x: Float[Array, "B T N H"], positions: Int[Array, "B T"], theta: float, rotary_dim: int | None = None
+         ) -> Float[Array, "B T N H"]:
+    """Rotate-half (NeoX-style) rotary embedding computed in fp32, on the first `rotary_dim` dims of each head (None:
+    all of them; partial rotary, LLaDA2: the frequencies are those of a head of `rotary_dim`, the rest passes)."""
+    rd = x.shape[-1] if rotary_dim is None else rotary_dim
+    inv_freq = 1.0 / (theta ** (np.arange(0, rd, 2, dtype=np.float32) / rd))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, rd/2]
+    angles = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, rd]
     x32 = x.astype(jnp.float32)
-    x1, x2 = jnp.split(x32, 2, axis=-1)
+    rot, rest = x32[..., :rd], x32[..., rd:]
+    x1, x2 = jnp.split(rot, 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+    out = rot * jnp.cos(angles) + rotated * jnp.sin(angles)
+    return (out if rd == x.shape[-1] else jnp.concatenate([out, rest], axis=-1)).astype(x.dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,7 +169,7 @@ class Block(nn.Module):
         if c.qk_norm:  # Qwen3: each head of q and k normalised before RoPE
             q = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype, name="q_norm")(q)
             k = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype, name="k_norm")(k)
-        q, k = rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta)
+        q, k = rope(q, positions, c.rope_theta, c.rotary_dim), rope(k, positions, c.rope_theta, c.rotary_dim)
         if layer_cache:  # queries are a window of the canvas; the other keys come from the cache
             k_all, v_all = (_write_window(cached, new, write) for cached, new in zip(layer_cache, (k, v)))
         else:

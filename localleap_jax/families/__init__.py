@@ -7,6 +7,7 @@
   llada  LLaDA (OLMo-style keys), bidirectional                                        llada.py
   dream  Dream (Qwen2.5 keys): q/k/v biases, logits lag one position                    dream.py
   sdar   SDAR / TraDo (Qwen3 keys): per-head q/k norms, tied head, block-causal           sdar.py
+  fast_dllm_v2  Fast-dLLM v2 (Qwen2.5 keys): block-causal, logits shifted, sub-blocks   fast_dllm_v2.py
   (fields.py: typed config.json readers; qwen.py: the Qwen2/Qwen3 keys and tensor names Dream and SDAR share;
    target.py: where a tensor goes.)
 
@@ -56,13 +57,16 @@ class Family:
     likelihood: str | None = "llada"
     likelihood_refusal: str = ""
     pairs_end_with_eos: bool = False
+    # Decoding: sub-blocks of a block-diffusion model's blocks the rule commits in, in order (0: none; Fast-dLLM
+    # v2's 8), the default of DecodeConfig.sub_block_length.
+    sub_block_length: int = 0
     # Evaluation: the strategies a run that names none compares (the baseline first).
     eval_strategies: str = "low_confidence,threshold,localleap"
 
 
-from localleap_jax.families import dream, llada, sdar  # noqa: E402  (each builds a Family)
+from localleap_jax.families import dream, fast_dllm_v2, llada, sdar  # noqa: E402  (each builds a Family)
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (llada.FAMILY, dream.FAMILY, sdar.FAMILY)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (llada.FAMILY, dream.FAMILY, sdar.FAMILY, fast_dllm_v2.FAMILY)}
 
 
 def family_of(config_or_name: ModelConfig | str) -> Family:

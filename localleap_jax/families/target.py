@@ -1,30 +1,55 @@
 """Where each Hugging Face tensor of a family goes in the one Flax parameter tree.
 
-A family's `tensor_map(config) -> {hf_name: Target}` is the complete set of tensors a checkpoint of that family
-must hold, each with its destination. The converter checks a source against it and copies through it;
-`by_hf_name` runs it backwards (Flax tree -> HF names) for the PyTorch references of tests and benchmarks.
+A family's `tensor_map(config) -> {hf_name: Target | (Target, ...)}` is the complete set of tensors a checkpoint of
+that family must hold, each with its destination: one leaf (slot), or, for a fused tensor (LLaDA2's
+`query_key_value`), one Target per block of its rows (`rows`), which together tile it. The converter checks a
+source against it and copies through it; `by_hf_name` runs it backwards (Flax tree -> HF names) for the PyTorch
+references of tests and benchmarks.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numpy as np
+
 
 class Target(NamedTuple):
-    """Where one HF tensor goes: a leaf of the Flax tree, a layer slot (or None), transposed or not."""
+    """Where one HF tensor (or a block of its rows) goes: a leaf of the Flax tree, a layer slot (or None),
+    transposed or not."""
 
     path: tuple[str, ...]
     layer: int | None
     transpose: bool  # PyTorch Linear stores [out, in]; the Flax kernel is [in, out]
+    rows: tuple[int, int] | None = None  # [start, stop) of the HF tensor's first axis (None: all of it)
 
 
-def by_hf_name(params: Any, tensor_map: dict[str, Target]) -> dict[str, Any]:
-    """HF-named tensors ([out, in] like PyTorch) from a Flax tree. Arrays stay whatever type the tree holds."""
+def parts(entry: "Target | tuple[Target, ...]") -> tuple[Target, ...]:
+    """The Targets of one tensor map entry (a tuple for a fused tensor)."""
+    return entry if isinstance(entry, tuple) and not isinstance(entry, Target) else (entry,)
+
+
+def leaf_of(tree: Any, target: Target):
+    """The array (or abstract array) a Target names: its leaf, or the leaf's layer slot."""
+    leaf = tree
+    for k in target.path:
+        leaf = leaf[k]
+    return leaf if target.layer is None else leaf[target.layer]
+
+
+def hf_shape(target: Target, leaf_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The HF shape of what a Target holds (its rows' block, for a fused tensor), from its leaf's (slot's) shape."""
+    return tuple(reversed(leaf_shape)) if target.transpose else tuple(leaf_shape)
+
+
+def by_hf_name(params: Any, tensor_map: dict) -> dict[str, Any]:
+    """HF-named tensors ([out, in] like PyTorch) from a Flax tree; a fused tensor's blocks are concatenated in row
+    order. Arrays stay whatever type the tree holds."""
     out = {}
-    for name, tgt in tensor_map.items():
-        leaf = params
-        for k in tgt.path:
-            leaf = leaf[k]
-        arr = leaf if tgt.layer is None else leaf[tgt.layer]
-        out[name] = arr.T if tgt.transpose else arr
+    for name, entry in tensor_map.items():
+        blocks = []
+        for tgt in sorted(parts(entry), key=lambda t: (t.rows or (0, 0))[0]):
+            arr = leaf_of(params, tgt)
+            blocks.append(arr.T if tgt.transpose else arr)
+        out[name] = blocks[0] if len(blocks) == 1 else np.concatenate([np.asarray(b) for b in blocks], axis=0)
     return out
