@@ -15,7 +15,12 @@ V, MASK, DELETE, SPLIT = 20, 19, 18, 17
 
 
 def _row(token: int, conf: float) -> np.ndarray:
-    """Logits whose softmax puts `conf` on `token`, the rest spread evenly (so the runner-up is the lowest other id)."""
+    """Logits whose softmax puts `conf` on `token`, the rest spread evenly (so the runner-up is the lowest other id);
+    conf 1.0: every other logit -inf, so the probability is exactly 1.0."""
+    if conf >= 1.0:
+        out = np.full(V, -np.inf)
+        out[token] = 0.0
+        return out
     out = np.full(V, np.log((1 - conf) / (V - 1)))
     out[token] = np.log(conf)
     return out
@@ -77,6 +82,18 @@ def test_q_mode_edit_threshold(alt_conf, edits, token):
     # commits.  pass 4: 5.  pass 5: post-edit, no change.  NFE 5 either way.
     out = _run(_edit_plan(alt_conf), **JT.Q_MODE)
     assert out.nfe == 5 and out.edits == edits and out.tokens[2] == token
+
+
+def test_thresholds_are_strict():
+    # Every mask at confidence exactly 1.0, threshold 1.0: none is "> 1.0", so each pass commits the single most
+    # confident mask (the lowest position): 4 mask passes + the final no-change pass.
+    out = _run(lambda j, ids: (10 + j, 1.0), threshold=1.0)
+    assert out.nfe == 5 and [e["committed"] for e in out.log[:4]] == [[2], [3], [4], [5]]
+    # edit_threshold 1.0: position 2 disagrees at exactly 1.0 once 4 is decoded: not "> 1.0", never edited.
+    def plan(j, ids):
+        return (14, 1.0) if j == 2 and ids[4] != MASK else BASE.get(j, (0, 0.9))
+
+    assert _run(plan, edit_threshold=1.0).edits == 0 and _run(plan, edit_threshold=0.999).edits == 1
 
 
 def test_the_post_edit_budget_runs_out():
