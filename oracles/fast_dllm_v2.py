@@ -72,6 +72,9 @@ the first quirk below.
     (followed by default; `stop_on_free_token=True` finishes it).
   * Greedy: their temperature-0 path takes the argmax of the softmax in the model dtype; here the argmax of the
     logits and a float64 softmax (the same but for rounding ties).
+  * A free token is an argmax over the whole vocabulary, the mask id included (followed; `never_predict` applies
+    to it too). Were it the mask id, the block's first position would be a mask that their window-local shift
+    scores from its OWN hidden state; here (global shift) from the previous position's, as every other position.
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ FAST_DLLM_V2_MASK_ID = 151665  # the tokenizer's additional special token |<MASK
 FAST_DLLM_V2_STOP_ID = 151645  # <|im_end|>
 FAST_DLLM_V2_BD_SIZE = 32  # config.json's bd_size
 FAST_DLLM_V2_SUB_BLOCK = 8  # small_block_size in their evaluation
-FAST_DLLM_V2_THRESHOLD = 0.9  # batch_sample's default in their eval.py (the function's own default: 0.95)
+FAST_DLLM_V2_THRESHOLD = 0.9  # their v2/eval.py harness default (read at NikhilSDate@734a60d4); batch_sample's: 0.95
 
 CommitRule = Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]  # (conf, pred, cand, step) -> bool
 
