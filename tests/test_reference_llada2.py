@@ -54,7 +54,8 @@ def tiny_tensors(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
                     p + f"mlp.experts.{e}.down_proj.weight": w(H, Fe)}
         Fs = Fe * c.num_shared_experts
         if Fs:
-            out |= {p + "mlp.shared_experts.gate_proj.weight": w(Fs, H), p + "mlp.shared_experts.up_proj.weight": w(Fs, H),
+            out |= {p + "mlp.shared_experts.gate_proj.weight": w(Fs, H),
+                    p + "mlp.shared_experts.up_proj.weight": w(Fs, H),
                     p + "mlp.shared_experts.down_proj.weight": w(H, Fs)}
     return out
 
@@ -211,7 +212,8 @@ def glm4_moe_from_llada2(cfg: dict, t: dict):
                        attn_implementation="eager")
     model = Glm4MoeForCausalLM(gc).eval()
     T = torch.from_numpy
-    sd = {"model.embed_tokens.weight": T(t["model.word_embeddings.weight"]), "model.norm.weight": T(t["model.norm.weight"]),
+    sd = {"model.embed_tokens.weight": T(t["model.word_embeddings.weight"]),
+          "model.norm.weight": T(t["model.norm.weight"]),
           "lm_head.weight": T(t["lm_head.weight"])}
     H, D, Hq, Hkv = c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads
     for i in range(c.num_layers):

@@ -34,13 +34,15 @@ def tiny_tensors(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
         return (rng.standard_normal(shape) * s).astype(np.float32)
 
     def mlp(prefix, F):
-        return {prefix + "gate_proj.weight": w(F, H), prefix + "up_proj.weight": w(F, H), prefix + "down_proj.weight": w(H, F)}
+        return {prefix + "gate_proj.weight": w(F, H), prefix + "up_proj.weight": w(F, H),
+                prefix + "down_proj.weight": w(H, F)}
 
     out = {"model.embed_tokens.weight": w(V, H, s=1.0), "model.norm.weight": 1 + w(H, s=0.1), "lm_head.weight": w(V, H)}
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
         out |= {p + "input_layernorm.weight": 1 + w(H, s=0.1), p + "post_attention_layernorm.weight": 1 + w(H, s=0.1),
-                p + "self_attn.q_proj.weight": w(c.num_heads * D, H), p + "self_attn.k_proj.weight": w(c.num_kv_heads * D, H),
+                p + "self_attn.q_proj.weight": w(c.num_heads * D, H),
+                p + "self_attn.k_proj.weight": w(c.num_kv_heads * D, H),
                 p + "self_attn.v_proj.weight": w(c.num_kv_heads * D, H), p + "self_attn.o_proj.weight": w(H, H),
                 p + "self_attn.q_norm.weight": 1 + w(D, s=0.1), p + "self_attn.k_norm.weight": 1 + w(D, s=0.1)}
         if not c.moe_layers[i]:
