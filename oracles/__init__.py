@@ -10,4 +10,8 @@ code with `localleap_jax`, so a test that compares the two can fail.
   fast_dllm      Fast-dLLM's three loops (no cache, prefix cache, dual cache)
   revoke         WINO, Saber and Saber's ReMDM loop
   likelihood     LLaDA's and Dream's likelihood estimators
+  llada2         LLaDA2.x (llada2_moe): the eager MoE network from HF tensors; LLaDA2MoeModelLM.generate (greedy)
+  llada_moe      LLaDA-MoE-7B-A1B: the eager MoE network from HF tensors, bidirectional
+  fast_dllm_v2   Fast-dLLM v2 as transformers' Qwen2 (block-causal, Dream's shift); batch_sample for one row
+  joint_threshold  SGLang's JointThreshold (LLaDA2.1 token editing) and JointThresholdInDel (LLaDA2.2)
 """
