@@ -10,6 +10,7 @@ into these fields (and refuses what the network does not implement); `family` na
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from localleap_jax.errors import ConfigError
 
@@ -41,6 +42,9 @@ class ModelConfig:
     # (Dream, trained from an autoregressive model), 0 when from its own (LLaDA, SDAR).
     logits_shift: int = 0
     rotary_dim: int | None = None  # RoPE on the first rotary_dim dims of each head (None: all; LLaDA2: half)
+    # A family's own settings (a hashable frozen dataclass) for what these fields cannot say: its MoE layers, or a
+    # network model.py does not implement (families/<name>.py says what it holds). None: none.
+    arch: Any = None
 
     def __post_init__(self):
         if not isinstance(self.family, str) or not self.family:

@@ -8,8 +8,8 @@ from pathlib import Path
 import jax.numpy as jnp
 
 from localleap_jax.config import ModelConfig
-from localleap_jax.denoiser import ModelDenoiser, SpecialIds
-from localleap_jax.families import Family, family_of
+from localleap_jax.denoiser import Denoiser, SpecialIds
+from localleap_jax.families import Family, denoiser_of, family_of
 from localleap_jax.model import Params
 from localleap_jax.tokenizer import Tokenizer
 
@@ -30,12 +30,14 @@ class Model:
 
     @property
     def dtype(self) -> jnp.dtype:
-        return self.params["wte"]["embedding"].dtype
+        import jax
+
+        return jax.tree.leaves(self.params)[0].dtype
 
     @property
-    def denoiser(self) -> ModelDenoiser:
-        """What the decode loop runs (the parameters and the config, model.py's pure functions)."""
-        return ModelDenoiser(self.params, self.config)
+    def denoiser(self) -> Denoiser:
+        """What the decode loop runs (the parameters and the config: model.py's pure functions, or the family's)."""
+        return denoiser_of(self.params, self.config)
 
     @property
     def special(self) -> SpecialIds:

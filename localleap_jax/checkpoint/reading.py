@@ -17,9 +17,9 @@ import numpy as np
 from localleap_jax.checkpoint.manifest import check_params_content, check_params_layout, read_manifest
 from localleap_jax.config import ModelConfig
 from localleap_jax.errors import CheckpointError, ConfigError, TokenizerError, first_line
-from localleap_jax.families import read_config_file
+from localleap_jax.families import init_params, read_config_file
 from localleap_jax.loaded import Model
-from localleap_jax.model import Params, init_params
+from localleap_jax.model import Params
 from localleap_jax.partition import param_shardings
 from localleap_jax.tokenizer import Tokenizer
 

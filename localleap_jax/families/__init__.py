@@ -43,6 +43,11 @@ class Family:
     write: Callable[[ModelConfig], dict[str, Any]]  # ModelConfig -> config.json, for checkpoints written here
     tensor_map: Callable[[ModelConfig], dict[str, Target]]  # every HF tensor of a checkpoint, and where it goes
     mask_token: str  # the tokenizer's mask token
+    # The network, for a family model.py does not implement (its own in its file; `ModelConfig.arch` holds its
+    # settings): random parameters `init_params(config, rng, dtype)` (their tree is the checkpoint's), and what the
+    # decode loop runs, `denoiser(params, config)`. None: model.py's network and `denoiser.ModelDenoiser`.
+    init_params: Callable[..., Any] | None = None
+    denoiser: Callable[[Any, ModelConfig], Any] | None = None
     chat_format: str = "llada"  # the small tokenizers this project trains: LLaDA's specials, or "chatml"
     key_hint: str | None = None  # a config.json key that names the family when nothing else does (older files)
     # Conversion: what config.json lacks, completed from the source's other files (`complete_config(src, hf)`);
@@ -133,6 +138,25 @@ def hf_tensors(params: Any, config: ModelConfig) -> dict[str, Any]:
     return by_hf_name(params, tensor_map(config))
 
 
+def init_params(config: ModelConfig, rng, dtype=None):
+    """Random parameters of the config's network (N(0, 0.02) matrices, zero biases, unit norms): the family's own
+    network, or model.py's."""
+    import jax.numpy as jnp
+
+    from localleap_jax import model
+
+    init = family_of(config).init_params or model.init_params
+    return init(config, rng, jnp.float32 if dtype is None else dtype)
+
+
+def denoiser_of(params: Any, config: ModelConfig):
+    """What the decode loop runs for these parameters: the family's own denoiser, or model.py's."""
+    from localleap_jax.denoiser import ModelDenoiser
+
+    make = family_of(config).denoiser
+    return make(params, config) if make is not None else ModelDenoiser(params, config)
+
+
 def make_tokenizer(family: str, texts, vocab_size: int = 512):
     """A small byte-level BPE tokenizer with the family's special tokens and chat format (tests, train_tiny)."""
     from localleap_jax.tokenizer import make_tokenizer as train
@@ -141,5 +165,6 @@ def make_tokenizer(family: str, texts, vocab_size: int = 512):
     return train(texts, vocab_size, chat=record.chat_format, mask_token=record.mask_token)
 
 
-__all__ = ["FAMILIES", "Family", "Target", "detect", "family_of", "hf_tensors", "make_tokenizer",
+__all__ = ["FAMILIES", "Family", "Target", "denoiser_of", "detect", "family_of", "hf_tensors", "init_params",
+           "make_tokenizer",
            "read_config", "read_config_file", "tensor_map", "write_config"]
