@@ -170,7 +170,7 @@ def test_wino_on_a_shifted_family_and_an_undeclared_decision_are_refused(dream_c
     model = sharp[0]
     ids, mask = left_pad(PROMPTS[:1], model.config.pad_token_id)
     silent = ll.stateless(lambda s: Decision(s.candidates, s.decoded), name="silent")
-    with pytest.raises(ll.DecodeError, match="'silent' returned Decision.* declares no remask_names"):
+    with pytest.raises(ll.DecodeError, match=r"'silent' at tests/test_revoking.py:\d+ returned Decision.* declares no remask_names"):
         ll.generate(model, ids, mask, ll.DecodeConfig(strategy=silent, gen_length=16, block_length=8))
 
 
@@ -239,10 +239,10 @@ class _NarrowRemask(_Base):
     (_BadRegion(), r"bad_region: region='Generated'; a rule's region is 'block' or 'generated'"),
     (_ProbesOverRegion(), r"probes_over_region: probes score the current block"),
     (_NamesAsString(), r"names_as_string: remask_names='undo' must be a tuple of names"),
-    (_BareCommit(), r"rule 'bare_commit' declares remask_names but returned .*Decision\(commit, remask\)"),
-    (_Tuple(), r"rule 'tuple' returned tuple as its commit; .* returns ll.rules.Decision"),
-    (_FloatRemask(), r"rule 'float_remask' returned a remask of dtype float32; expected bool or int8"),
-    (_NarrowRemask(), r"rule 'narrow_remask' returned a remask of shape \(1, 3\); expected \(1, 8\)"),
+    (_BareCommit(), r"rule 'bare_commit' at \S+/test_revoking.py:\d+ declares remask_names but returned .*Decision\(commit, remask\)"),
+    (_Tuple(), r"rule 'tuple' at \S+/test_revoking.py:\d+ returned tuple as its commit; .* returns ll.rules.Decision"),
+    (_FloatRemask(), r"rule 'float_remask' at \S+/test_revoking.py:\d+ returned a remask of dtype float32; expected bool or int8"),
+    (_NarrowRemask(), r"rule 'narrow_remask' at \S+/test_revoking.py:\d+ returned a remask of shape \(1, 3\); expected \(1, 8\)"),
 ])
 def test_a_users_revoking_rule_with_a_mistake_ends_in_one_line(sharp, rule, message):
     model = sharp[0]
