@@ -5,6 +5,7 @@ did (from the trace or the tokens), and would fail on the bug it is about.
 """
 
 import dataclasses
+import re
 
 import jax
 import numpy as np
@@ -379,3 +380,40 @@ def test_a_rule_whose_state_spans_blocks_keeps_it_while_its_row_waits_for_the_ba
         for out in (batch, slotted):
             np.testing.assert_array_equal(out.tokens[i, out.prompt_length:], a.tokens[0, a.prompt_length:])
             assert out.nfe[i] == a.nfe[0] and out.remasks[i] == a.remasks[0]
+
+
+def test_the_loop_never_probes_a_rule():
+    """decode/ reads a rule's traits from the loop's settings (rules.traits_of, once), never from the rule: no
+    getattr or hasattr on anything that holds a rule or a strategy, in any module of the package (read with ast)."""
+    import ast
+    from pathlib import Path
+
+    probes = []
+    for path in sorted((Path(decode.__file__).parent).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                    and node.args and re.search(r"rule|strategy", ast.unparse(node.args[0]))):
+                probes.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not probes, probes
+    calls = sum(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "getattr"
+                for p in Path(decode.__file__).parent.glob("*.py") for n in ast.walk(ast.parse(p.read_text())))
+    assert calls > 0  # the walk did see the getattr calls that are left (on canvases and the config's own fields)
+
+
+def test_a_rule_object_that_fails_while_traced_is_one_line_naming_its_own_line():
+    """ll.generate with a rule of the caller's own that branches in Python on a traced value: one DecodeError line
+    naming the line that branched (here, inside any_of: the sub-rule's line, not the combinator's), before anything
+    compiled."""
+    def picky(s):
+        return s.candidates if s.conf[0, 0] > 0.5 else s.candidates & False  # the traced branch
+
+    line = picky.__code__.co_firstlineno + 1
+    n = len(compiled_programs())
+    for rule in (ll.stateless(picky, name="picky"), ll.any_of(ll.rule("threshold"), ll.stateless(picky, name="picky"))):
+        with pytest.raises(ll.DecodeError) as e:
+            ll.generate(scripted(_words(1), np.full((1, G), 0.8)), *prompts(1),
+                        ll.DecodeConfig(strategy=rule, gen_length=G, block_length=T))
+        assert re.match(rf"rule '(picky|any_of)' at \S*test_decode_loop.py:{line} branches in Python on a traced "
+                        r"value .*: use jnp.where", str(e.value)), str(e.value)
+        assert "\n" not in str(e.value)
+    assert len(compiled_programs()) == n

@@ -112,8 +112,8 @@ def run_update(rule, signals, state):
     result that is not a pair or a state the loop cannot carry (not the pytree, shapes and dtypes it was given)."""
     out = _call(rule, "update", rule.update, signals, state)
     if isinstance(out, Decision) or not isinstance(out, tuple) or len(out) != 2:
-        what = "a Decision alone" if isinstance(out, Decision) else f"{type(out).__name__}" + (
-            f" of {len(out)}" if isinstance(out, tuple) else "")
+        what = ("a Decision alone" if isinstance(out, Decision) else f"a tuple of {len(out)}" if isinstance(out, tuple)
+                else f"an array {tuple(out.shape)}" if hasattr(out, "shape") else type(out).__name__)
         raise DecodeError(f"rule {label(rule)} returned {what} from update; expected a pair (commit, state): "
                           "return commit, state (a rule with no state returns the state it was given)")
     check_state(rule, state, out[1])
