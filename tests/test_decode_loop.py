@@ -391,8 +391,8 @@ def test_the_loop_never_probes_a_rule():
     probes = []
     for path in sorted((Path(decode.__file__).parent).glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
-                    and node.args and re.search(r"rule|strategy", ast.unparse(node.args[0]))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr") and node.args and re.search(r"rule|strategy", ast.unparse(node.args[0]))):
                 probes.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
     assert not probes, probes
     calls = sum(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "getattr"
@@ -417,3 +417,30 @@ def test_a_rule_object_that_fails_while_traced_is_one_line_naming_its_own_line()
                         r"value .*: use jnp.where", str(e.value)), str(e.value)
         assert "\n" not in str(e.value)
     assert len(compiled_programs()) == n
+
+
+def test_a_rule_objects_init_and_a_functions_arity_are_named_at_their_own_lines():
+    import flax
+
+    @flax.struct.dataclass
+    class Sized(ll.rules.RuleBase):
+        name = "sized"
+
+        def init(self, batch, block, vocab):
+            raise ValueError(f"needs a vocabulary of 2 ** k, got {vocab}")  # the failing line
+
+        def update(self, s, state):
+            return s.candidates, state
+
+    def two(s, state):
+        return s.candidates
+
+    init_line, def_line = Sized.init.__code__.co_firstlineno + 1, two.__code__.co_firstlineno
+    with pytest.raises(ll.DecodeError) as e:
+        ll.generate(scripted(_words(1), np.full((1, G), 0.8)), *prompts(1),
+                    ll.DecodeConfig(strategy=Sized(), gen_length=G, block_length=T))
+    assert re.match(rf"rule 'sized' at \S*test_decode_loop.py:{init_line} raised ValueError in init: needs a "
+                    r"vocabulary of 2 \*\* k, got \d+$", str(e.value)), str(e.value)
+    with pytest.raises(ll.DecodeError, match=rf"^rule 'two' at \S*test_decode_loop.py:{def_line}: a stateless rule's "
+                                             r"function takes the step's signals alone, fn\(s\) -> commit"):
+        ll.DecodeConfig(strategy=ll.stateless(two, name="two"))

@@ -28,7 +28,7 @@ from localleap_jax.rules.registry import value_to_json
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
     # A rule object (ll.rule(...), ll.stateless(fn)), or a name / spec string such as "eb:gamma=0.01": resolved at
-    # construction (rules.as_rule), so that `cfg.strategy` is the rule object from then on. The command lines' shared
+    # construction (rules.resolve), so that `cfg.strategy` is the rule object from then on. The command lines' shared
     # flags (--kappa, ...) map onto it with rules.with_shared_settings.
     strategy: Any = "localleap"
     gen_length: int = 256
@@ -68,6 +68,10 @@ class DecodeConfig:
         object.__setattr__(self, "_traits", traits)
 
     @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
     def rule(self):
         """The rule object this config decodes with (resolved at construction)."""
         return self.strategy
@@ -76,10 +80,6 @@ class DecodeConfig:
     def traits(self) -> RuleTraits:
         """The rule's static traits (region, probes, remask_names, resets_state), read once at construction."""
         return self._traits
-
-    @property
-    def num_blocks(self) -> int:
-        return self.gen_length // self.block_length
 
     def cache_mode(self, model=None) -> str:
         """The cache policy's name for a model (a ModelConfig, or None: not known yet)."""

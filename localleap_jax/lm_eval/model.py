@@ -54,9 +54,9 @@ LIKELIHOOD_CHUNK = 64  # likelihood requests scored between two cache writes (wh
 class LocalLeapLM(LM):
     """A LLaDA-architecture checkpoint decoded by `localleap_jax.generate`.
 
-    Model arguments: those in ADAPTER_ARGS, every DecodeConfig field and the rules' shared settings. `model` (a loaded Model),
-    `on_batch` (called after each batch) and `answers_key` (a caller's resume key, see `answers_key`)
-    are for Python callers."""
+    Model arguments: those in ADAPTER_ARGS, every DecodeConfig field and the rules' shared settings (kappa, tau,
+    radius, steps). `model` (a loaded Model), `on_batch` (called after each batch) and `answers_key` (a caller's
+    resume key, see `answers_key`) are for Python callers."""
 
     def __init__(self, model: Model | None = None, on_batch: Callable | None = None,
                  answers_key: dict | None = None, **model_args: Any):

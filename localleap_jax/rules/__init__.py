@@ -33,9 +33,9 @@ from localleap_jax.rules.traits import RuleTraits, traits_of  # noqa: E402
 from localleap_jax.rules.failures import check_calls, run_init, run_update  # noqa: E402
 from localleap_jax.rules.strategy import SHARED_SETTINGS, as_rule, resolve, with_shared_settings  # noqa: E402
 
-__all__ = ["AllOf", "AnyOf", "Decision", "DecodeError", "Entropy", "EntropyBounded", "Factor", "FunctionRule", "Klass", "LocalLeap",
-           "Dynamic", "LowConfidence", "Margin", "RULES", "ReMDM", "RulesError", "Saber", "Wino", "Rule", "RuleBase", "RuleTraits",
-           "SHARED_SETTINGS", "Signals", "Stable", "Threshold", "all_of", "any_of", "as_rule", "check_calls",
-           "code_identity", "first_clause", "load_rules", "most_confident", "near_any", "parse_spec", "per_row", "rank_by", "register",
-           "register_rule", "resolve", "rule", "rule_from_json", "rule_to_json", "run_init", "run_update", "setting", "split_specs",
-           "stateless", "top_k", "traits_of", "with_shared_settings"]
+__all__ = ["AllOf", "AnyOf", "Decision", "DecodeError", "Dynamic", "Entropy", "EntropyBounded", "Factor", "FunctionRule",
+           "Klass", "LocalLeap", "LowConfidence", "Margin", "RULES", "ReMDM", "Rule", "RuleBase", "RuleTraits", "RulesError",
+           "SHARED_SETTINGS", "Saber", "Signals", "Stable", "Threshold", "Wino", "all_of", "any_of", "as_rule", "check_calls",
+           "code_identity", "first_clause", "load_rules", "most_confident", "near_any", "parse_spec", "per_row", "rank_by",
+           "register", "register_rule", "resolve", "rule", "rule_from_json", "rule_to_json", "run_init", "run_update",
+           "setting", "split_specs", "stateless", "top_k", "traits_of", "with_shared_settings"]

@@ -48,15 +48,16 @@ def _shown(filename: str) -> str:
     return filename if rel.startswith("..") else rel
 
 
-def defined_at(rule) -> str | None:
-    """'file:line' where the rule's decisions are defined (None when Python keeps no code for them)."""
-    code = getattr(decision_code(rule), "__code__", None)
+def defined_at(rule, fn=None) -> str | None:
+    """'file:line' where `fn` (default: the rule's decisions) is defined (None when Python keeps no code for it)."""
+    code = getattr(inspect.unwrap(fn) if fn is not None else decision_code(rule), "__code__", None)
     return f"{_shown(code.co_filename)}:{code.co_firstlineno}" if code is not None else None
 
 
-def label(rule) -> str:
-    """How a message names a rule: its name, and where its decisions are defined ('steady' at myrules.py:12)."""
-    where = defined_at(rule)
+def label(rule, fn=None) -> str:
+    """How a message names a rule: its name, and where its decisions (or `fn`) are defined ('steady' at
+    myrules.py:12)."""
+    where = defined_at(rule, fn)
     return f"{rule.name!r}" + (f" at {where}" if where else "")
 
 
@@ -65,20 +66,21 @@ def _is_users(filename: str) -> bool:
     return not any(path == root or path.startswith(root + os.sep) for root in NOT_USER)
 
 
-def failed_at(rule, error: BaseException) -> str | None:
+def failed_at(rule, error: BaseException, fn=None) -> str | None:
     """'file:line' of the failure: the deepest frame of the user's own code, else of the file the rule's code is in
-    (a rule an installed package holds), else where the rule's code is defined."""
+    (a rule an installed package holds), else where the function that failed (`fn`; default: the rule's decisions)
+    is defined."""
     frames = traceback.extract_tb(error.__traceback__)
     users = [f for f in frames if _is_users(f.filename)]
     code = getattr(decision_code(rule), "__code__", None)
     own = [f for f in frames if code is not None and f.filename == code.co_filename]
     frame = (users or own or [None])[-1]
-    return f"{_shown(frame.filename)}:{frame.lineno}" if frame is not None else defined_at(rule)
+    return f"{_shown(frame.filename)}:{frame.lineno}" if frame is not None else defined_at(rule, fn)
 
 
-def explain(rule, method: str, error: BaseException) -> str:
+def explain(rule, method: str, error: BaseException, fn=None) -> str:
     """One line: the rule, where it failed, what happened and what to do."""
-    where = failed_at(rule, error)
+    where = failed_at(rule, error, fn)
     who = f"rule {rule.name!r}" + (f" at {where}" if where else "")
     if isinstance(error, jax.errors.TracerBoolConversionError):
         return (f"{who} branches in Python on a traced value (if, while, and, or, bool() on a signal or setting): "
@@ -93,24 +95,25 @@ def explain(rule, method: str, error: BaseException) -> str:
     return f"{who} raised {type(error).__name__} in {method}: {first_line(error)}"
 
 
-def _call(rule, method: str, fn, *args):
+def _call(rule, method: str, fn, args: tuple, defined=None):
+    """fn(*args), a failure in one line (`defined`: the function a failure outside every user frame is put at)."""
     try:
         return fn(*args)
     except DecodeError:  # already one line (the library's own checks, e.g. signals.held_out without probes)
         raise
     except Exception as e:  # noqa: BLE001 - the rule's code: any failure is reported in one line
-        raise DecodeError(explain(rule, method, e)) from None
+        raise DecodeError(explain(rule, method, e, defined)) from None
 
 
 def run_init(rule, batch: int, block: int, vocab: int):
     """`rule.init(batch, block, vocab)`, its failures in one line."""
-    return _call(rule, "init", rule.init, batch, block, vocab)
+    return _call(rule, "init", rule.init, (batch, block, vocab), defined=rule.init)
 
 
 def run_update(rule, signals, state):
     """`rule.update(signals, state)` -> (commit or Decision, state), its failures in one line: an exception, and a
     result that is not a pair or a state the loop cannot carry (not the pytree, shapes and dtypes it was given)."""
-    out = _call(rule, "update", rule.update, signals, state)
+    out = _call(rule, "update", rule.update, (signals, state))  # put at the rule's decisions (a function's own)
     if isinstance(out, Decision) or not isinstance(out, tuple) or len(out) != 2:
         what = ("a Decision alone" if isinstance(out, Decision) else f"a tuple of {len(out)}" if isinstance(out, tuple)
                 else f"an array {tuple(out.shape)}" if hasattr(out, "shape") else type(out).__name__)
@@ -161,7 +164,7 @@ def check_calls(rule) -> None:
         return
     for method, fn, args in (("init", rule.init, "(batch, block, vocab)"), ("update", rule.update, "(signals, state)")):
         if not _binds(fn, args.count(",") + 1):
-            raise DecodeError(f"rule {label(rule)}: {method}{inspect.signature(fn)} cannot take the loop's call "
+            raise DecodeError(f"rule {label(rule, fn)}: {method}{inspect.signature(fn)} cannot take the loop's call "
                               f"{method}{args}")
 
 
