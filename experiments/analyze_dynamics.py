@@ -128,7 +128,6 @@ def generate_traces(model, prompts: list[str], cfg, batch_size: int, trace_dir: 
 
     tok = model.tokenizer
     max_prompt = model.config.max_sequence_length - cfg.gen_length
-    trace_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     bar = tqdm(total=len(prompts), desc=f"trace [{meta['strategy']}]", dynamic_ncols=True)
     for n, start in enumerate(range(0, len(prompts), batch_size)):
@@ -140,7 +139,12 @@ def generate_traces(model, prompts: list[str], cfg, batch_size: int, trace_dir: 
             bar.update(len(batch))
             continue
         ids, mask = left_pad([tok.encode(p, chat=True)[-max_prompt:] for p in batch], tok.pad_id)
-        out = ll.generate(model, ids, mask, cfg, trace=True)
+        try:
+            out = ll.generate(model, ids, mask, cfg, trace=True)
+        except ll.DecodeError as e:  # a user's rule that fails while traced (before anything ran): one line
+            bar.close()
+            raise UserError(str(e)) from None
+        trace_dir.mkdir(parents=True, exist_ok=True)  # only once there is a trace to save: a failure leaves nothing
         save_trace(path, out.trace, tok.decode_generated(out), batch_meta)
         paths.append(path)
         bar.update(len(batch))

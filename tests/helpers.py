@@ -21,6 +21,15 @@ TOKENIZER_CORPUS = [
 ] * 20
 
 
+def decode_config(strategy: str = "localleap", *, kappa=None, tau=None, radius=None, steps=None, **fields):
+    """A DecodeConfig from a strategy name and the settings the eager oracles take beside it, mapped onto the rule
+    the way the command lines' shared flags are (each to a rule that has it: ll.rules.with_shared_settings)."""
+    import localleap_jax as ll
+
+    rule = ll.rules.with_shared_settings(strategy, kappa=kappa, tau=tau, radius=radius, steps=steps)
+    return ll.DecodeConfig(strategy=rule, **fields)
+
+
 def tiny_hf_config(vocab: int, mask_id: int, eos_id: int, **overrides) -> dict:
     cfg = {
         "architectures": ["LLaDAModelLM"], "model_type": "llada", "auto_map": {"AutoModel": "modeling_llada.LLaDAModelLM"},

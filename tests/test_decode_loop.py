@@ -5,6 +5,7 @@ did (from the trace or the tokens), and would fail on the bug it is about.
 """
 
 import dataclasses
+import re
 
 import jax
 import numpy as np
@@ -116,7 +117,7 @@ def test_early_stop_fills_only_after_the_block_is_full():
         return lp
 
     model = StubModel(config(), FunctionDenoiser(logits_fn, V))
-    cfg = ll.DecodeConfig(strategy="low_confidence", steps=G, gen_length=G, block_length=T, early_stop=True)
+    cfg = ll.DecodeConfig(strategy=ll.rule("low_confidence", steps=G), gen_length=G, block_length=T, early_stop=True)
     out = ll.generate(model, *prompts(1), cfg, trace=True)
     gen = out.tokens[0, out.prompt_length:]
     assert np.argmax(out.trace.committed[0, :, 0]) == 0 and out.nfe[0] == T  # the case: EOS first, 3 passes after
@@ -174,7 +175,7 @@ def test_a_cached_pass_sees_its_block_fresh_and_the_rest_as_of_the_refresh(cache
     then equal uncached decoding pass for pass. A window that is off by one position, or a cache that
     missed this pass's commits inside the block, changes the commit passes."""
     words = _words(1)
-    cfg = ll.DecodeConfig(strategy="threshold", gen_length=G, block_length=T, kappa=0.75)
+    cfg = ll.DecodeConfig(strategy="threshold:kappa=0.75", gen_length=G, block_length=T)
     model = scripted(words, np.random.RandomState(5).uniform(0.5, 0.8, (1, G)), neighbour_bonus=0.12)
     want = ll.generate(model, *prompts(1), cfg, trace=True)
     got = ll.generate(model, *prompts(1), dataclasses.replace(cfg, cache=cache), trace=True)
@@ -323,20 +324,44 @@ def test_a_model_without_the_loops_seam_is_refused_by_name():
         ll.generate(Params(), *prompts(1), ll.DecodeConfig(gen_length=G, block_length=T))
 
 
-def test_the_deprecated_fields_warn_once_where_python_code_sets_them_and_nowhere_else():
-    import warnings
+def test_one_way_to_say_a_rule_resolved_once_and_the_old_fields_refused():
+    """strategy= takes a rule or a spec, resolved at construction (cfg.strategy is the rule object from then on);
+    the settings DecodeConfig once took beside a name are refused in one line that says where they went."""
+    cfg = ll.DecodeConfig(strategy="localleap:kappa=0.8,tau=0.7", gen_length=G, block_length=T)
+    assert cfg.strategy == ll.rule("localleap", kappa=0.8, tau=0.7) and cfg.rule is cfg.strategy
+    assert dataclasses.replace(cfg, gen_length=2 * G).rule is cfg.rule  # not parsed again
+    for old in ("kappa", "tau", "radius", "steps"):
+        with pytest.raises(ll.DecodeError, match=rf"^DecodeConfig takes no {old}: they are the rule's settings, "
+                                                 rf"DecodeConfig\(strategy=ll.rule\('threshold', {old}=\.\.\.\)\)"):
+            ll.DecodeConfig(strategy="threshold", **{old: 1})
+    with pytest.raises(ll.DecodeError, match=r"^unknown strategy 'greedy'; choose from "):
+        ll.DecodeConfig(strategy="greedy")
+    with pytest.raises(ll.DecodeError, match=r"^strategy must be a rule .*got the class Threshold \(pass an instance"):
+        ll.DecodeConfig(strategy=ll.rules.Threshold)
 
-    import localleap_jax as ll
-    from localleap_jax.decode.config import replaced, with_shared_settings
 
-    with pytest.warns(DeprecationWarning, match=r"ll.rule\('localleap', kappa=\.\.\., tau=\.\.\.\)") as caught:
-        cfg = ll.DecodeConfig(strategy="localleap", kappa=0.8, tau=0.7)
-    assert len(caught) == 1 and caught[0].filename == __file__  # attributed to the caller, not the library
-    assert cfg.rule == ll.rule("localleap", kappa=0.8, tau=0.7)  # and still mapped onto the rule
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        ll.DecodeConfig(strategy=ll.rule("localleap", kappa=0.8))  # the rule form: silent
-        replaced(with_shared_settings(strategy="threshold", kappa=0.8), gen_length=64)  # the flags' route: silent
+@pytest.mark.parametrize("spec, flags, want", [
+    ("threshold", dict(kappa=0.8, tau=0.7, radius=2, steps=6), ll.rule("threshold", kappa=0.8)),  # only what it has
+    ("localleap:kappa=0.95", dict(kappa=0.8, tau=0.7), ll.rule("localleap", kappa=0.95, tau=0.7)),  # the spec wins
+    ("low_confidence", dict(kappa=0.8, steps=6), ll.rule("low_confidence", steps=6)),
+    ("eb:gamma=0.1", dict(kappa=0.8, steps=6), ll.rule("eb", gamma=0.1)),  # a rule with none of them
+    ("localleap", dict(), ll.rule("localleap")),
+])
+def test_the_shared_flags_map_onto_the_rules_that_have_them_and_never_over_the_spec(spec, flags, want):
+    got = ll.rules.with_shared_settings(spec, **flags)
+    assert type(got) is type(want) and got.spec() == want.spec()
+
+
+@pytest.mark.parametrize("spec, flags, message", [
+    ("low_confidence", dict(kappa=1.5), r"^shared setting: kappa=1.5 must lie in \(0, 1\]$"),  # ignored, still checked
+    ("threshold", dict(radius=-1), r"^shared setting: radius=-1 must lie in \[0, inf\)$"),
+    ("greedy", dict(kappa=0.8), r"^unknown strategy 'greedy'"),
+    (ll.rule("threshold"), dict(kappa=0.8), r"^kappa given beside a rule object: set them on the rule, e\.g\. "
+                                            r"ll\.rule\('threshold', kappa=\.\.\.\)$"),
+])
+def test_a_bad_shared_flag_is_one_line(spec, flags, message):
+    with pytest.raises(ll.DecodeError, match=message):
+        ll.rules.with_shared_settings(spec, **flags)
 
 
 def test_a_rule_whose_state_spans_blocks_keeps_it_while_its_row_waits_for_the_batch():
@@ -355,3 +380,67 @@ def test_a_rule_whose_state_spans_blocks_keeps_it_while_its_row_waits_for_the_ba
         for out in (batch, slotted):
             np.testing.assert_array_equal(out.tokens[i, out.prompt_length:], a.tokens[0, a.prompt_length:])
             assert out.nfe[i] == a.nfe[0] and out.remasks[i] == a.remasks[0]
+
+
+def test_the_loop_never_probes_a_rule():
+    """decode/ reads a rule's traits from the loop's settings (rules.traits_of, once), never from the rule: no
+    getattr or hasattr on anything that holds a rule or a strategy, in any module of the package (read with ast)."""
+    import ast
+    from pathlib import Path
+
+    probes = []
+    for path in sorted((Path(decode.__file__).parent).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr") and node.args and re.search(r"rule|strategy", ast.unparse(node.args[0]))):
+                probes.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not probes, probes
+    calls = sum(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "getattr"
+                for p in Path(decode.__file__).parent.glob("*.py") for n in ast.walk(ast.parse(p.read_text())))
+    assert calls > 0  # the walk did see the getattr calls that are left (on canvases and the config's own fields)
+
+
+def test_a_rule_object_that_fails_while_traced_is_one_line_naming_its_own_line():
+    """ll.generate with a rule of the caller's own that branches in Python on a traced value: one DecodeError line
+    naming the line that branched (here, inside any_of: the sub-rule's line, not the combinator's), before anything
+    compiled."""
+    def picky(s):
+        return s.candidates if s.conf[0, 0] > 0.5 else s.candidates & False  # the traced branch
+
+    line = picky.__code__.co_firstlineno + 1
+    n = len(compiled_programs())
+    for rule in (ll.stateless(picky, name="picky"), ll.any_of(ll.rule("threshold"), ll.stateless(picky, name="picky"))):
+        with pytest.raises(ll.DecodeError) as e:
+            ll.generate(scripted(_words(1), np.full((1, G), 0.8)), *prompts(1),
+                        ll.DecodeConfig(strategy=rule, gen_length=G, block_length=T))
+        assert re.match(rf"rule '(picky|any_of)' at \S*test_decode_loop.py:{line} branches in Python on a traced "
+                        r"value .*: use jnp.where", str(e.value)), str(e.value)
+        assert "\n" not in str(e.value)
+    assert len(compiled_programs()) == n
+
+
+def test_a_rule_objects_init_and_a_functions_arity_are_named_at_their_own_lines():
+    import flax
+
+    @flax.struct.dataclass
+    class Sized(ll.rules.RuleBase):
+        name = "sized"
+
+        def init(self, batch, block, vocab):
+            raise ValueError(f"needs a vocabulary of 2 ** k, got {vocab}")  # the failing line
+
+        def update(self, s, state):
+            return s.candidates, state
+
+    def two(s, state):
+        return s.candidates
+
+    init_line, def_line = Sized.init.__code__.co_firstlineno + 1, two.__code__.co_firstlineno
+    with pytest.raises(ll.DecodeError) as e:
+        ll.generate(scripted(_words(1), np.full((1, G), 0.8)), *prompts(1),
+                    ll.DecodeConfig(strategy=Sized(), gen_length=G, block_length=T))
+    assert re.match(rf"rule 'sized' at \S*test_decode_loop.py:{init_line} raised ValueError in init: needs a "
+                    r"vocabulary of 2 \*\* k, got \d+$", str(e.value)), str(e.value)
+    with pytest.raises(ll.DecodeError, match=rf"^rule 'two' at \S*test_decode_loop.py:{def_line}: a stateless rule's "
+                                             r"function takes the step's signals alone, fn\(s\) -> commit"):
+        ll.DecodeConfig(strategy=ll.stateless(two, name="two"))

@@ -14,7 +14,7 @@ from oracles import bidirectional as reference_torch
 from localleap_jax.compile_cache import compiled_programs
 from localleap_jax.tokenizer import left_pad
 from localleap_jax.families import write_config
-from helpers import random_llada_tensors, tiny_hf_config, write_hf_checkpoint
+from helpers import decode_config, random_llada_tensors, tiny_hf_config, write_hf_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +54,11 @@ def _oracle(torch_model, model, prompt, setting, stats=None, trace=None, rule=No
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
 def test_left_padded_batch_matches_the_eager_oracle_row_by_row(sharp, setting):
-    """The old DecodeConfig form (a strategy name with kappa/tau/radius/steps fields) decodes exactly
-    as the published loop does."""
+    """A strategy name with the shared settings (kappa/tau/radius/steps, as the command lines' flags map them)
+    decodes exactly as the published loop does."""
     model, torch_model = sharp
     ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
-    out = ll.generate(model, ids, mask, ll.DecodeConfig(**setting))
+    out = ll.generate(model, ids, mask, decode_config(**setting))
     for r, prompt in enumerate(PROMPTS):
         want_tokens, want_nfe = _oracle(torch_model, model, prompt, setting)
         np.testing.assert_array_equal(out.tokens[r, out.prompt_length:], want_tokens, err_msg=f"row {r}")
@@ -100,7 +100,7 @@ def test_the_trace_equals_the_eager_record_pass_by_pass(sharp):
     G, T = 32, 8
     ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
     for setting in (dict(strategy="localleap", kappa=0.9, tau=0.6, radius=3), dict(strategy="low_confidence")):
-        out = ll.generate(model, ids, mask, ll.DecodeConfig(**setting, gen_length=G, block_length=T), trace=True)
+        out = ll.generate(model, ids, mask, decode_config(**setting, gen_length=G, block_length=T), trace=True)
         tr = out.trace
         worst_conf, pred_mismatch = 0.0, 0
         for r, prompt in enumerate(PROMPTS):
@@ -158,7 +158,7 @@ def test_a_sweep_compiles_once_and_one_batch_holds_the_whole_grid(sharp):
 def test_localleap_takes_fewer_steps_than_threshold_than_one_token(sharp):
     model, _ = sharp
     ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
-    nfe = {s: ll.generate(model, ids, mask, ll.DecodeConfig(strategy=s, gen_length=32, block_length=16, tau=0.5)).nfe
+    nfe = {s: ll.generate(model, ids, mask, decode_config(s, gen_length=32, block_length=16, tau=0.5)).nfe
            for s in ("low_confidence", "threshold", "localleap")}
     assert (nfe["low_confidence"] == 32).all()
     # Per step localleap commits a superset of threshold (tests/test_strategies.py); over a whole
@@ -208,17 +208,17 @@ def test_the_whole_generation_is_one_device_loop(sharp):
 
 @pytest.mark.parametrize("change, message", [
     (dict(gen_length=20, block_length=8), "not a multiple of block_length"),
-    (dict(strategy="low_confidence", steps=7), "not a positive multiple of the number of blocks"),
-    (dict(kappa=1.5), r"kappa=1.5 must lie in \(0, 1\]"),
-    (dict(tau=0.0), r"tau=0.0 must lie in \(0, 1\]"),
-    (dict(tau=0.95, kappa=0.9), "tau=0.95 > kappa=0.9"),
+    (dict(strategy="low_confidence:steps=7"), "not a positive multiple of the number of blocks"),
+    (dict(strategy="localleap:kappa=1.5"), r"kappa=1.5 must lie in \(0, 1\]"),
+    (dict(strategy="localleap:tau=0.0"), r"tau=0.0 must lie in \(0, 1\]"),
+    (dict(strategy="localleap:tau=0.95,kappa=0.9"), "tau=0.95 > kappa=0.9"),
     (dict(strategy="greedy"), "unknown strategy 'greedy'; choose from .*localleap, low_confidence, margin"),
     (dict(cache="full"), "unknown cache 'full'"),
     (dict(temperature=0.7), "pass rng"),
     (dict(gen_length=508, block_length=4), "exceeds the model's max_sequence_length"),
     (dict(gen_length=512, block_length=32), "gen_length=512 leaves no room for a prompt"),
     (dict(gen_length=16.0), "gen_length=16.0 must be a whole number"),
-    (dict(radius=2.5), "radius=2.5 must be a whole number"),
+    (dict(strategy="localleap:radius=2.5"), "radius=2.5 must be a whole number"),
 ])
 def test_bad_configs_fail_before_compiling(sharp, change, message):
     model, _ = sharp
@@ -258,8 +258,8 @@ def test_cache_is_exact_where_the_cache_cannot_go_stale(one_layer, cache, strate
     model = one_layer
     ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
     base = dict(strategy=strategy, gen_length=32, block_length=8, kappa=0.8, tau=0.5, radius=2)
-    want = ll.generate(model, ids, mask, ll.DecodeConfig(**base))
-    got = ll.generate(model, ids, mask, ll.DecodeConfig(**base, cache=cache))
+    want = ll.generate(model, ids, mask, decode_config(**base))
+    got = ll.generate(model, ids, mask, decode_config(**base, cache=cache))
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_array_equal(got.nfe, want.nfe)
     assert got.full_passes == 4  # one refresh per block, shared by the batch
@@ -339,7 +339,7 @@ def test_llada_switches_and_early_stop_match_the_eager_loop_where_eos_and_eot_ha
     G, T = 64, 16
     eos, eot = model.config.eos_token_id, model.tokenizer.eot_id
     ids, mask = left_pad(prompts, model.config.pad_token_id)
-    out = ll.generate(model, ids, mask, ll.DecodeConfig(gen_length=G, block_length=T, **setting), trace=True)
+    out = ll.generate(model, ids, mask, decode_config(gen_length=G, block_length=T, **setting), trace=True)
     gen = out.tokens[:, out.prompt_length:]
     for r, prompt in enumerate(prompts):
         tokens, nfe = _oracle(twin, model, prompt, dict(setting, gen_length=G, block_length=T))

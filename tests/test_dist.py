@@ -105,7 +105,8 @@ pids, pmask = left_pad(pmap_prompts, small.config.pad_token_id)
 four = jax.devices()[:4]
 res["pmap"] = {}
 for strategy in ("low_confidence", "localleap"):
-    cfg = ll.DecodeConfig(strategy=strategy, gen_length=16, block_length=8, kappa=0.5, tau=0.3)
+    cfg = ll.DecodeConfig(strategy=ll.rules.with_shared_settings(strategy, kappa=0.5, tau=0.3), gen_length=16,
+                          block_length=8)
     one = ll.generate(small, pids, pmask, cfg)
     par = ll.generate(small, pids, pmask, cfg, devices=four)
     again = ll.generate(small, pids[::-1], pmask[::-1], cfg, devices=four)  # same shapes: no recompilation
@@ -114,7 +115,7 @@ for strategy in ("low_confidence", "localleap"):
                                  recompiled=again.compile_seconds > 0)
 
 # Continuous batching on a mesh and with pmap: ceil(3 / data) slots per data shard, the same tokens and NFE.
-cfg = ll.DecodeConfig(strategy="low_confidence", gen_length=16, block_length=8, kappa=0.5, tau=0.3)
+cfg = ll.DecodeConfig(strategy="low_confidence", gen_length=16, block_length=8)
 one = ll.generate(small, pids, pmask, cfg)
 res["slots"] = {}
 for label, kw in (("mesh 2x4", dict(mesh=make_mesh(2, 4))), ("pmap 2", dict(devices=jax.devices()[:2]))):

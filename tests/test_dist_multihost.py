@@ -86,14 +86,15 @@ def test_a_decode_config_crosses_exactly_with_per_row_settings():
     assert not all(np.array_equal(w, s) for w, s in zip(want, from_spec))
 
 
-def test_combined_rules_and_the_deprecated_fields_cross_too():
+def test_combined_rules_and_the_shared_flags_rule_cross_too():
     combined = ll.any_of(ll.rule("eb", gamma=np.float32([0.0123456789, 0.5])), ll.rule("threshold", kappa=0.8))
     back = crossed(ll.DecodeConfig(strategy=ll.all_of(combined, ll.rule("stable", k=3)), gen_length=16, block_length=8))
     assert type(back.rule).__name__ == "AllOf" and type(back.rule.rules[0]).__name__ == "AnyOf"
     assert np.array_equal(back.rule.rules[0].rules[0].gamma, np.float32([0.0123456789, 0.5]))
     assert back.rule.rules[1].k == 3
-    legacy = crossed(ll.DecodeConfig(strategy="localleap", kappa=0.8, tau=0.7, gen_length=16, block_length=8))
-    assert (legacy.rule.kappa, legacy.rule.tau, legacy.rule.radius) == (0.8, 0.7, 4)
+    flags = crossed(ll.DecodeConfig(strategy=ll.rules.with_shared_settings("localleap", kappa=0.8, tau=0.7),
+                                    gen_length=16, block_length=8))
+    assert (flags.rule.kappa, flags.rule.tau, flags.rule.radius) == (0.8, 0.7, 4)
 
 
 def test_a_rule_that_exists_only_in_this_process_is_refused():

@@ -22,6 +22,7 @@ from localleap_jax.tokenizer import left_pad
 from localleap_jax.families import read_config, write_config
 
 import near_misses
+from helpers import decode_config
 
 # fp32 against transformers' Qwen2 (logit scale ~2.2): measured max |diff| 5.7e-6 to 8.0e-6 over seeds 0-4 of
 # [2, 37] ids, 4.1e-6 to 6.4e-6 with a key mask, 4.5e-6 to 7.2e-6 unshifted; transformers' own fp32 differs from
@@ -255,7 +256,7 @@ def test_dream_decodes_as_the_eager_loop_with_the_shift(sharp_dream, strategy):
     assert model.config.logits_shift == 1 and model.tokenizer.vocab_size < model.config.embedding_size
     setting = dict(gen_length=24, block_length=8, **({"kappa": 0.8, "tau": 0.5} if strategy != "low_confidence" else {}))
     ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
-    out = ll.generate(model, ids, mask, ll.DecodeConfig(strategy=strategy, **setting))
+    out = ll.generate(model, ids, mask, decode_config(strategy, **setting))
     unshifted = []
     for r, prompt in enumerate(PROMPTS):
         kw = dict(strategy=strategy, mask_id=model.config.mask_token_id, eos_id=model.config.eos_token_id,
@@ -277,8 +278,8 @@ def test_dream_caches_are_exact_where_they_cannot_go_stale(one_layer_dream, cach
     model, torch_model = one_layer_dream
     ids, mask = left_pad(PROMPTS, model.config.pad_token_id)
     base = dict(strategy=strategy, gen_length=32, block_length=8, kappa=0.8, tau=0.5, radius=2)
-    want = ll.generate(model, ids, mask, ll.DecodeConfig(**base))
-    got = ll.generate(model, ids, mask, ll.DecodeConfig(**base, cache=cache))
+    want = ll.generate(model, ids, mask, decode_config(**base))
+    got = ll.generate(model, ids, mask, decode_config(**base, cache=cache))
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_array_equal(got.nfe, want.nfe)
     assert got.full_passes == 4 and want.forward_passes > 4  # one refresh per block; more than one pass per block

@@ -435,6 +435,22 @@ def test_a_checkpoint_s_manifest_names_its_own_default_strategies():
     assert "strategies" not in model_defaults(manifest, config) and model_defaults(manifest, config)["gen_length"] == 64
 
 
+def test_the_shared_flags_map_onto_each_strategy_that_has_them_and_never_over_its_spec():
+    """--kappa 0.8 --tau 0.6 --radius 2 --steps 16 with several strategies: each takes what it has, a strategy's own
+    spec wins, and a rule without a flag's setting ignores it (EvalSettings.decode_config, the one mapping)."""
+    from localleap_jax.gsm8k.settings import EvalSettings
+
+    settings = EvalSettings(gen_length=64, block_length=16, num_fewshot=5, batch_size=4, kappa=0.8, tau=0.6, radius=2,
+                            steps=16)
+    want = {"low_confidence": ll.rule("low_confidence", steps=16), "threshold": ll.rule("threshold", kappa=0.8),
+            "localleap:kappa=0.95": ll.rule("localleap", kappa=0.95, tau=0.6, radius=2),
+            "eb:gamma=0.1": ll.rule("eb", gamma=0.1)}
+    for strategy, rule in want.items():
+        cfg = settings.check(strategy)
+        assert type(cfg.rule) is type(rule) and cfg.rule.spec() == rule.spec(), strategy
+        assert (cfg.gen_length, cfg.block_length) == (64, 16)
+
+
 def test_the_live_accuracy_waits_for_enough_answers():
     from types import SimpleNamespace
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import localleap_jax as ll
+from helpers import decode_config
 from localleap_jax.checkpoint import EMBEDDED
 from localleap_jax.lm_eval import CacheMismatchError, LocalLeapLM, ModelArgsError, cut_at_until
 
@@ -185,6 +186,25 @@ def test_unknown_model_args_are_named(embedded):
         LocalLeapLM(model=embedded, compile_cache=False, cfg=-1)
 
 
+def test_the_shared_settings_in_model_args_map_onto_the_rule_as_the_command_lines_flags():
+    """kappa=, tau=, radius=, steps= beside strategy= (lm-eval splits model_args at commas): each applies to a rule
+    that has it, never over the strategy's own spec, and is ignored by a rule without it
+    (rules.with_shared_settings)."""
+    from localleap_jax.lm_eval.args import parse_model_args
+
+    for given, want in [
+        (dict(strategy="localleap:kappa=0.95", kappa="0.8", tau="0.7", steps="16"), ll.rule("localleap", kappa=0.95,
+                                                                                          tau=0.7)),
+        (dict(strategy="low_confidence", kappa=0.5, radius=1, steps=16), ll.rule("low_confidence", steps=16)),
+        (dict(strategy="klass", tau_kl=0.05, steps=16), ll.rule("klass", tau_kl=0.05, steps=16)),  # its own, folded in
+        (dict(kappa=0.8), ll.rule("localleap", kappa=0.8)),  # the default strategy
+    ]:
+        _, cfg = parse_model_args(given)
+        assert type(cfg.rule) is type(want) and cfg.rule.spec() == want.spec(), given
+    with pytest.raises(ModelArgsError, match=r"^model_args: shared setting: kappa=2.0 must lie in \(0, 1\]"):
+        parse_model_args(dict(strategy="low_confidence", kappa=2))
+
+
 # ---------------------------------------------------------------- issue #8: answers are never missing (item 1)
 
 
@@ -287,7 +307,7 @@ BATCH = {"batch_size": 8, "devices": 1}
 def _key(model, *, chat=True, seed=0, truncate=False, batch=BATCH, task=None, **decode):
     from localleap_jax.lm_eval import answers_key, key_digest
 
-    cfg = ll.DecodeConfig(**{**DECODE, **decode})
+    cfg = decode_config(**{**DECODE, **decode})  # kappa, tau, radius, steps: the shared flags, as model_args take them
     return key_digest(answers_key(model, cfg, chat=chat, seed=seed, truncate_fewshot=truncate, batch=batch, task=task))
 
 

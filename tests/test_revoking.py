@@ -99,6 +99,21 @@ def test_the_bound_is_hit_and_reported_never_hung(sharp):
         ll.DecodeConfig(strategy="remdm", gen_length=16, block_length=16, max_passes=20).validate()
 
 
+def test_the_loop_holds_each_rules_traits_as_declared():
+    """The traits the loop's compile-time settings hold are those each rule's docstring declares (read once, by
+    rules.traits_of), and the cache follows them: the probed pass for a rule that probes."""
+    from localleap_jax.decode.cache import ProbedNoCache
+    from localleap_jax.rules import RuleTraits
+
+    declared = {"threshold": RuleTraits(), "saber": RuleTraits("generated", False, ("dropped",), False),
+                "remdm": RuleTraits("generated", False, ("least_likely",), True),
+                "wino": RuleTraits("block", True, ("narrow_out",), True)}
+    for name, traits in declared.items():
+        loop = ll.DecodeConfig(strategy=name, gen_length=16, block_length=16).loop_settings()
+        assert loop.traits == traits, name
+        assert isinstance(loop.cache, ProbedNoCache) == traits.probes, name
+
+
 def test_a_rule_that_only_commits_never_traces_the_remask_path(sharp, monkeypatch):
     import jax
 
@@ -163,6 +178,9 @@ def test_what_a_revoking_rule_cannot_run_with_is_refused_in_one_line(cfg, messag
         ll.DecodeConfig(**{"gen_length": 16, "block_length": 8, **cfg}).validate()
 
 
+AT = r" at \S*test_revoking.py:\d+ "  # where a rule's decisions are defined: every message about what it returned
+
+
 def test_wino_on_a_shifted_family_and_an_undeclared_decision_are_refused(dream_converted, sharp):
     dream = ll.load(dream_converted, dtype="float32")
     with pytest.raises(ll.DecodeError, match="logits shift"):
@@ -170,7 +188,7 @@ def test_wino_on_a_shifted_family_and_an_undeclared_decision_are_refused(dream_c
     model = sharp[0]
     ids, mask = left_pad(PROMPTS[:1], model.config.pad_token_id)
     silent = ll.stateless(lambda s: Decision(s.candidates, s.decoded), name="silent")
-    with pytest.raises(ll.DecodeError, match="'silent' returned Decision.* declares no remask_names"):
+    with pytest.raises(ll.DecodeError, match=rf"'silent'{AT}returned Decision.* declares no remask_names"):
         ll.generate(model, ids, mask, ll.DecodeConfig(strategy=silent, gen_length=16, block_length=8))
 
 
@@ -235,14 +253,49 @@ class _NarrowRemask(_Base):
         return Decision(s.candidates, s.decoded[:, :3]), state
 
 
+@struct.dataclass
+class _ProbesAsText(_Base):
+    name = "probes_as_text"
+    probes = "yes"
+
+
+class _Duck:
+    """A user's class that is no RuleBase: what the loop once probed for defaults (region, probes, ...) it lacks."""
+
+    name = "duck"
+    clause_names = ("commit",)
+
+    def init(self, batch, block, vocab):
+        return ()
+
+    def update(self, s, state):
+        return s.candidates, state
+
+
+@struct.dataclass
+class _Keeps(RuleBase):
+    """Commits what threshold would, with a state that spans blocks (so it cannot be combined)."""
+
+    name = "keeps"
+    resets_state = False
+
+    def update(self, s, state):
+        return s.candidates & (s.conf >= 0.9), state
+
+
 @pytest.mark.parametrize("rule, message", [
     (_BadRegion(), r"bad_region: region='Generated'; a rule's region is 'block' or 'generated'"),
     (_ProbesOverRegion(), r"probes_over_region: probes score the current block"),
     (_NamesAsString(), r"names_as_string: remask_names='undo' must be a tuple of names"),
-    (_BareCommit(), r"rule 'bare_commit' declares remask_names but returned .*Decision\(commit, remask\)"),
-    (_Tuple(), r"rule 'tuple' returned tuple as its commit; .* returns ll.rules.Decision"),
-    (_FloatRemask(), r"rule 'float_remask' returned a remask of dtype float32; expected bool or int8"),
-    (_NarrowRemask(), r"rule 'narrow_remask' returned a remask of shape \(1, 3\); expected \(1, 8\)"),
+    (_ProbesAsText(), r"probes_as_text: probes='yes' must be True or False"),
+    (_Duck(), r"^rule 'duck' lacks region, probes, remask_names, resets_state, validate, with_rows, pass_bound, "
+              r"min_passes, spec of the Rule protocol: subclass ll.rules.RuleBase"),
+    (ll.any_of(ll.rule("threshold"), _Keeps()), r"^keeps keeps its state across blocks: it cannot be combined with "
+                                                r"any_of/all_of"),
+    (_BareCommit(), rf"rule 'bare_commit'{AT}declares remask_names but returned .*Decision\(commit, remask\)"),
+    (_Tuple(), rf"rule 'tuple'{AT}returned tuple as its commit; .* returns ll.rules.Decision"),
+    (_FloatRemask(), rf"rule 'float_remask'{AT}returned a remask of dtype float32; expected bool or int8"),
+    (_NarrowRemask(), rf"rule 'narrow_remask'{AT}returned a remask of shape \(1, 3\); expected \(1, 8\)"),
 ])
 def test_a_users_revoking_rule_with_a_mistake_ends_in_one_line(sharp, rule, message):
     model = sharp[0]

@@ -243,3 +243,153 @@ def test_an_unknown_name_says_how_to_bring_a_rule_of_your_own(tmp_path, capfd, c
         code = e.code
     lines = capfd.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and re.match(message, lines[0][len("error: "):]), lines
+
+
+# ---------------------------------------------------------------- a user's rule that fails while traced (issue #40)
+# Each failing line is marked "# <- name": the one line must name the file and that line (or, for the arity and the
+# returned value, the line of the update's def).
+
+FAILING_RULES = '''
+import flax
+import jax.numpy as jnp
+import numpy as np
+import localleap_jax as ll
+
+
+@ll.register("raises")
+def raises(s):
+    raise ValueError("my rule needs a kappa per row")  # <- raises
+
+
+@ll.register("branches")
+def branches(s):
+    if s.conf.max() > 0.9:  # <- branches
+        return s.candidates
+    return s.candidates & (s.conf > 0.5)
+
+
+@ll.register("numpy")
+def numpy_rule(s):
+    return s.candidates & np.asarray(s.conf > 0.5)  # <- numpy
+
+
+@ll.register("arity")
+@flax.struct.dataclass
+class Arity(ll.rules.RuleBase):
+    def update(self, s):  # <- arity
+        return s.candidates, ()
+
+
+@ll.register("bare")
+@flax.struct.dataclass
+class Bare(ll.rules.RuleBase):
+    def update(self, s, state):  # <- bare
+        return s.candidates
+
+
+@ll.register("drifts")
+@flax.struct.dataclass
+class Drifts(ll.rules.RuleBase):
+    def init(self, batch, block, vocab):
+        return jnp.zeros((batch,), jnp.int32)
+
+    def update(self, s, state):  # <- drifts
+        return s.candidates, state + 0.5
+'''
+
+TRACED_FAILURES = {  # failure class -> (rule, what the line says after "<file>:<line>")
+    "exception": ("raises", r" raised ValueError in update: my rule needs a kappa per row$"),
+    "traced-branch": ("branches", r" branches in Python on a traced value \(if, while, and, or, bool\(\) on a signal "
+                                  r"or setting\): use jnp.where\(condition, a, b\); "),
+    "numpy-on-a-tracer": ("numpy", r" calls NumPy on a traced value: use jax.numpy \(jnp\) in update, not numpy; "),
+    "wrong-arity": ("arity", r": update\(s\) cannot take the loop's call update\(signals, state\)$"),
+    "returns-no-pair": ("bare", r" returned an array \(\d+, \d+\) from update; expected a pair \(commit, state\): "),
+    "returns-another-state": ("drifts", r" returned a state whose array 0 is float32\[\d+\], not int32\[\d+\]: return "
+                                        r"the state as init builds it"),
+}
+
+
+@pytest.fixture(scope="module")
+def failing_rules(tmp_path_factory):
+    """(the rules file, a local GSM8K task directory for the adapter)."""
+    from localleap_jax.gsm8k import local_task
+
+    tmp = tmp_path_factory.mktemp("failing")
+    path = tmp / "bad_rules.py"
+    path.write_text(FAILING_RULES)
+    data = tmp / "good.jsonl"
+    data.write_text("".join('{"question": "Mia has %d apples and buys 2 more. How many apples?", '
+                            '"answer": "#### %d"}\n' % (n, n + 2) for n in (3, 5, 7)))
+    _, tasks = local_task(tmp / "task", data, data)
+    return path, tasks
+
+
+def _expected(path, failure: str) -> str:
+    """The one line's pattern: the rule, the file and the marked line, what happened and what to do."""
+    name, what = TRACED_FAILURES[failure]
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.endswith(f"# <- {name}"))
+    return rf"rule '{name}' at {re.escape(str(path))}:{line}{what}"
+
+
+def _one_error_line(r, out) -> str:
+    """The checks every command's ending shares; returns the error line's text after "error: "."""
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    # One line starts with "error:", the last; what comes before it (lm-eval's logging and progress bars, once lm-eval
+    # runs) reports no other failure.
+    assert [line for line in lines if "error:" in line] == lines[-1:], r.stderr[-3000:]
+    assert not [line for line in lines[:-1] if re.search(r"Error|Exception", line)], r.stderr[-3000:]
+    assert not out.exists(), sorted(p.name for p in out.rglob("*"))  # nothing written, nothing half-written
+    return lines[-1][len("error: "):]
+
+
+def _python(*args):
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    return subprocess.run([sys.executable, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failure", TRACED_FAILURES)
+def test_a_rule_that_fails_while_traced_ends_eval_gsm8k_in_one_line(failing_rules, tmp_path, failure):
+    path, _ = failing_rules
+    out = tmp_path / "out"
+    r = _python("experiments/eval_gsm8k.py", "--rules", path, "--strategies", TRACED_FAILURES[failure][0],
+                "--limit", 2, "--output", out)
+    error = _one_error_line(r, out)
+    assert re.search(_expected(path, failure), error), error
+    assert sorted(p.name for p in path.parent.iterdir()) == ["bad_rules.py", "good.jsonl", "task"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failure", ["traced-branch", "wrong-arity"])  # while generating; before loading anything
+def test_a_rule_that_fails_while_traced_ends_the_lm_eval_adapter_in_one_line(failing_rules, tmp_path, failure):
+    path, tasks = failing_rules
+    out = tmp_path / "out"
+    r = _python("-m", "localleap_jax.lm_eval", "--model", "localleap", "--model_args",
+                f"checkpoint=embedded,rules={path},strategy={TRACED_FAILURES[failure][0]},stats_path={out}/stats.jsonl",
+                "--tasks", "gsm8k_local", "--include_path", tasks, "--limit", 2, "--num_fewshot", 1)
+    error = _one_error_line(r, out)
+    assert re.search(_expected(path, failure), error), error
+
+
+@pytest.mark.parametrize("command, argv", [(_sweep, ["--strategies", "raises"]), (_dynamics, ["--strategy", "raises"])],
+                         ids=["sweep", "dynamics"])
+def test_a_rule_that_fails_while_traced_ends_sweep_and_dynamics_in_one_line(failing_rules, tmp_path, capfd, command,
+                                                                            argv):
+    from typing import NamedTuple
+
+    class Ran(NamedTuple):
+        returncode: int
+        stderr: str
+
+    path, _ = failing_rules
+    out = tmp_path / "out"
+    capfd.readouterr()
+    with command_line_state_put_back():
+        code = command(["--rules", str(path), *argv, "--limit", "2", "--output", str(out)])
+    error = _one_error_line(Ran(code, capfd.readouterr().err), out)
+    assert re.search(_expected(path, "exception"), error), error

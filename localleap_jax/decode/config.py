@@ -1,15 +1,15 @@
 """`DecodeConfig`: what a generation is asked to do, validated before anything compiles.
 
-The rule's settings become inputs of the compiled program (one value per row); everything else that shapes
-the program is its compile-time part, `loop_settings()`, which chooses the loop's pieces: the cache policy,
-the stop policy and the recorder.
+The rule is resolved once, at construction (`strategy`: a rule object or a spec string such as "eb:gamma=0.01";
+`cfg.rule` is the object), and its static traits read once (`cfg.traits`, `rules.traits_of`). The rule's settings
+become inputs of the compiled program (one value per row); everything else that shapes the program is its
+compile-time part, `loop_settings()`, which assembles the loop's pieces: the cache policy, the stop policy, the
+recorder and the rule's traits.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import warnings
 from typing import Any
 
 import numpy as np
@@ -21,24 +21,18 @@ from localleap_jax.decode.loop import LoopSettings
 from localleap_jax.decode.recorder import NoRecorder, TraceRecorder
 from localleap_jax.decode.step import Scoring
 from localleap_jax.decode.stop import NeverStop, StopAtEos
-from localleap_jax.rules import DecodeError
-from localleap_jax.rules.base import check_settings
+from localleap_jax.rules import DecodeError, RuleTraits
 from localleap_jax.rules.registry import value_to_json
-
-LEGACY_SETTINGS = ("kappa", "tau", "radius", "steps")
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
-    strategy: Any = "localleap"  # a rule object (ll.rule(...)), or a name / spec string such as "eb:gamma=0.01"
+    # A rule object (ll.rule(...), ll.stateless(fn)), or a name / spec string such as "eb:gamma=0.01": resolved at
+    # construction (rules.resolve), so that `cfg.strategy` is the rule object from then on. The command lines' shared
+    # flags (--kappa, ...) map onto it with rules.with_shared_settings.
+    strategy: Any = "localleap"
     gen_length: int = 256
     block_length: int = 32
-    # Deprecated: settings of a strategy given by name (None: the rule's default). Prefer
-    # ll.rule("localleap", kappa=..., tau=..., radius=...). A rule that has no such setting ignores it.
-    kappa: float | None = None
-    radius: int | None = None
-    tau: float | None = None
-    steps: int | None = None
     temperature: float = 0.0  # 0: argmax; > 0: Gumbel-max sampling (needs rng)
     early_stop: bool = False  # a finished block holding EOS fills the rest with EOS and ends the row
     logits_eos_inf: bool = False  # LLaDA switch: never predict EOS
@@ -53,13 +47,25 @@ class DecodeConfig:
     # with masks left: `out.hit_bound`.
     max_passes: int | None = None
 
+    def __new__(cls, *args, **fields):
+        # The settings DecodeConfig once took beside a rule's name are the rule's own now: say so, not just TypeError.
+        old = [k for k in rules.SHARED_SETTINGS if k in fields]
+        if old:
+            given = fields.get("strategy", args[0] if args else "localleap")
+            name = given.split(":")[0] if isinstance(given, str) else "localleap"
+            raise DecodeError(f"DecodeConfig takes no {', '.join(old)}: they are the rule's settings, "
+                              f"DecodeConfig(strategy=ll.rule({name!r}, {', '.join(f'{k}=...' for k in old)})) or "
+                              f"\"{name}:{','.join(f'{k}=...' for k in old)}\"; for the command lines' shared "
+                              "flags, ll.rules.with_shared_settings(spec, kappa=...)")
+        return super().__new__(cls)
+
     def __post_init__(self):
-        legacy = [k for k in LEGACY_SETTINGS if getattr(self, k) is not None]
-        if legacy:  # stacklevel 3: the caller of DecodeConfig(...), past __init__
-            name = self.strategy if isinstance(self.strategy, str) else getattr(self.strategy, "name", "localleap")
-            warnings.warn(f"DecodeConfig({', '.join(f'{k}=...' for k in legacy)}) is deprecated: set them on the rule, "
-                          f"DecodeConfig(strategy=ll.rule({name.split(':')[0]!r}, {', '.join(f'{k}=...' for k in legacy)}))",
-                          DeprecationWarning, stacklevel=3)
+        # The one resolution: a bad strategy (unknown name or setting, not a rule, a trait the loop cannot run, an
+        # update that cannot take the loop's arguments) is one DecodeError line here. The traits are kept beside
+        # the fields (not one of them: they follow from the rule).
+        rule, traits = rules.resolve(self.strategy)
+        object.__setattr__(self, "strategy", rule)
+        object.__setattr__(self, "_traits", traits)
 
     @property
     def num_blocks(self) -> int:
@@ -67,23 +73,13 @@ class DecodeConfig:
 
     @property
     def rule(self):
-        """The rule object this config decodes with (a name plus the deprecated fields, mapped)."""
-        legacy = {k: getattr(self, k) for k in LEGACY_SETTINGS if getattr(self, k) is not None}
-        if not isinstance(self.strategy, str):
-            if isinstance(self.strategy, type) or not callable(getattr(self.strategy, "update", None)):
-                what = (f"the class {self.strategy.__name__} (pass an instance: {self.strategy.__name__}(...))"
-                        if isinstance(self.strategy, type) else f"{type(self.strategy).__name__} {self.strategy!r}")
-                raise DecodeError(f"strategy must be a rule (ll.rule(...), ll.stateless(fn)) or a rule name; got {what}")
-            if legacy:
-                raise DecodeError(f"{', '.join(legacy)} given beside a rule object: set them on the rule, e.g. "
-                                  f"ll.rule({self.strategy.name!r}, {', '.join(f'{k}=...' for k in legacy)})")
-            return self.strategy
-        name, given = rules.parse_spec(self.strategy)
-        if name not in rules.RULES:
-            raise DecodeError(f"unknown strategy {name!r}; choose from {', '.join(sorted(rules.RULES))}")
-        takes = _settings_taken(rules.RULES[name])
-        mapped = {k: v for k, v in legacy.items() if k in takes and k not in given}
-        return rules.rule(self.strategy, **mapped)
+        """The rule object this config decodes with (resolved at construction)."""
+        return self.strategy
+
+    @property
+    def traits(self) -> RuleTraits:
+        """The rule's static traits (region, probes, remask_names, resets_state), read once at construction."""
+        return self._traits
 
     def cache_mode(self, model=None) -> str:
         """The cache policy's name for a model (a ModelConfig, or None: not known yet)."""
@@ -135,46 +131,32 @@ class DecodeConfig:
         if self.max_passes is not None and (isinstance(self.max_passes, bool) or
                                             not isinstance(self.max_passes, (int, np.integer)) or self.max_passes < 1):
             bad(f"max_passes={self.max_passes!r} must be a positive whole number (or None: the rule's own bound)")
-        # The deprecated fields keep their range checks even where the named rule ignores them.
-        legacy = {k: getattr(self, k) for k in ("kappa", "tau", "radius") if getattr(self, k) is not None}
-        check_settings(rules.LocalLeap(**legacy))
-        if self.kappa is not None and self.tau is not None and self.tau > self.kappa:
-            bad(f"tau={self.tau} > kappa={self.kappa}: the relaxed threshold must not be stricter than the anchor")
         # On a block grid the blocks per row depend on the prompt: `steps` is checked with it (check_grid_steps).
         shape = (None, None) if grid or not canvas else (self.gen_length, self.block_length)
-        rules.LowConfidence(self.steps).validate(*shape)
-        rule = self.rule.validate(*shape)
-        self._check_revoking(rule, model, grid, canvas)
+        self.rule.validate(*shape)
+        self._check_traits(model, grid, canvas)
         return self
 
-    def _check_revoking(self, rule, model, grid: bool, canvas: bool) -> None:
-        """What a rule's region, probes and pass bound need of the rest of the config (refused in one line)."""
-        region, probes = getattr(rule, "region", "block"), getattr(rule, "probes", False)
-        names = getattr(rule, "remask_names", ())
-        if region not in ("block", "generated"):
-            raise DecodeError(f"{rule.name}: region={region!r}; a rule's region is 'block' or 'generated'")
-        if probes and region != "block":
-            raise DecodeError(f"{rule.name}: probes score the current block; a rule with region {region!r} cannot "
-                              "have them")
-        if not isinstance(names, tuple) or not all(isinstance(n, str) for n in names):
-            raise DecodeError(f"{rule.name}: remask_names={names!r} must be a tuple of names, e.g. ('doubt',)")
+    def _check_traits(self, model, grid: bool, canvas: bool) -> None:
+        """What the rule's region, probes and pass bound need of the rest of the config (refused in one line)."""
+        name, region, probes = self.rule.name, self.traits.region, self.traits.probes
         mode = self.cache_mode(model)
         if region != "block" or probes:
             if grid:
-                raise DecodeError(f"{rule.name} works on a bidirectional model's canvas; this model is block-causal")
+                raise DecodeError(f"{name} works on a bidirectional model's canvas; this model is block-causal")
             if region == "generated" and mode not in ("none", "prefix"):
-                raise DecodeError(f"{rule.name} sees the whole generated region: use cache 'none' or 'prefix' (the "
+                raise DecodeError(f"{name} sees the whole generated region: use cache 'none' or 'prefix' (the "
                                   f"'{mode}' cache computes only the block)")
             if probes and mode != "none":
-                raise DecodeError(f"{rule.name} scores the block with each position hidden in the same pass (a probe "
+                raise DecodeError(f"{name} scores the block with each position hidden in the same pass (a probe "
                                   f"copy of the block): use cache 'none', not '{mode}'")
             if probes and model is not None and model.logits_shift:
-                raise DecodeError(f"{rule.name}'s probe copy needs a model that predicts a position from itself; this "
+                raise DecodeError(f"{name}'s probe copy needs a model that predicts a position from itself; this "
                                   "family predicts it from the one before (logits shift)")
         if canvas and not grid and self.max_passes is not None:
-            need = rule.min_passes(self.gen_length, self.block_length)
+            need = self.rule.min_passes(self.gen_length, self.block_length)
             if self.max_passes < need:
-                raise DecodeError(f"max_passes={self.max_passes} < the {need} passes {rule.name} needs on this canvas "
+                raise DecodeError(f"max_passes={self.max_passes} < the {need} passes {name} needs on this canvas "
                                   f"(gen_length {self.gen_length}, block_length {self.block_length}): it cannot finish")
 
     def pass_bound(self) -> int:
@@ -182,16 +164,13 @@ class DecodeConfig:
         default, one pass per generated position)."""
         if self.max_passes is not None:
             return int(self.max_passes)
-        rule = self.rule
-        return rule.pass_bound(self.gen_length, self.block_length) if getattr(rule, "remask_names", ()) else 0
+        return self.rule.pass_bound(self.gen_length, self.block_length) if self.traits.revokes else 0
 
     def loop_settings(self, trace: bool = False, model=None) -> LoopSettings:
-        """The compile-time part: the canvas, how logits are scored, and the loop's pieces (for `model`, a
-        ModelConfig: its attention decides the block grid and what cache "auto" means; a rule with probes runs
-        the probed pass)."""
-        cache = CACHE_POLICIES[self.cache_mode(model)]
-        if getattr(self.rule, "probes", False):
-            cache = ProbedNoCache()
+        """The compile-time part, assembled: the canvas, how logits are scored, the rule's traits and the loop's
+        pieces (for `model`, a ModelConfig: its attention decides the block grid and what cache "auto" means).
+        The cache policy is chosen here and only here: the probed pass when the rule probes, else the cache mode's."""
+        cache = ProbedNoCache() if self.traits.probes else CACHE_POLICIES[self.cache_mode(model)]
         return LoopSettings(
             self.gen_length, self.block_length,
             Scoring(float(self.temperature), bool(self.logits_eos_inf), bool(self.confidence_eos_eot_inf)),
@@ -199,53 +178,25 @@ class DecodeConfig:
             stop=StopAtEos() if self.early_stop else NeverStop(),
             recorder=TraceRecorder() if trace else NoRecorder(),
             block_grid=bool(model is not None and model.block_causal),
-            max_passes=self.pass_bound())
+            max_passes=self.pass_bound(),
+            traits=self.traits)
 
     def fingerprint(self) -> dict[str, Any]:
         """Everything in this config that changes the generated tokens, JSON-able (for resume keys)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("strategy", "prompt_bucket", *LEGACY_SETTINGS)}
+               if f.name not in ("strategy", "prompt_bucket")}
         return {**out, "rule": self.rule.spec()}
 
     def to_json(self) -> dict:
-        """Every field, the rule resolved (names and the deprecated fields folded in) with its exact settings
-        (`rules.rule_to_json`): what another process rebuilds the same config from."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                  if f.name not in ("strategy", *LEGACY_SETTINGS)}
+        """Every field, the rule with its exact settings (`rules.rule_to_json`): what another process rebuilds the
+        same config from."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "strategy"}
         return {**{k: value_to_json(v) for k, v in fields.items()}, "rule": rules.rule_to_json(self.rule)}
 
     @classmethod
     def from_json(cls, data: dict) -> "DecodeConfig":
         fields = {k: v for k, v in data.items() if k != "rule"}
         return cls(strategy=rules.rule_from_json(data["rule"]), **fields)
-
-
-@contextlib.contextmanager
-def _shared_settings_route():
-    """kappa/tau/radius/steps given the command-line way (--kappa, model_args kappa=) are the documented shared
-    settings of the rules that take them: the same mapping as the deprecated Python form, without its warning."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        yield
-
-
-def with_shared_settings(**fields) -> DecodeConfig:
-    """A DecodeConfig from command-line style fields (see `_shared_settings_route`)."""
-    with _shared_settings_route():
-        return DecodeConfig(**fields)
-
-
-def replaced(cfg: DecodeConfig, **changes) -> DecodeConfig:
-    """`dataclasses.replace` for a config whose shared settings were given the command-line way."""
-    with _shared_settings_route():
-        return dataclasses.replace(cfg, **changes)
-
-
-def _settings_taken(cls) -> set[str]:
-    """The deprecated fields a rule registered under a name takes (a rule given as a function takes none)."""
-    if dataclasses.is_dataclass(cls):
-        return {f.name for f in dataclasses.fields(cls) if "setting" in f.metadata}
-    return set()
 
 
 def check_room(gen_length: int, max_sequence_length: int) -> None:
@@ -259,18 +210,6 @@ def grid_blocks(prompt_lengths, gen_length: int, block_length: int) -> np.ndarra
     """Blocks each row decodes on its own block grid (canvas.py): ceil((n % T + G) / T) for an n-token prompt."""
     offset = np.asarray(prompt_lengths) % block_length
     return -(-(offset + gen_length) // block_length)
-
-
-def check_grid_steps(rule, prompt_lengths, gen_length: int, block_length: int) -> None:
-    """On a block grid a rule's `steps` (the total over a row's decoded blocks) must give each block one."""
-    steps = getattr(rule, "steps", None)
-    if steps is None:
-        return
-    blocks = int(grid_blocks(prompt_lengths, gen_length, block_length).max())
-    low = int(np.min(np.asarray(steps)))
-    if low < blocks:
-        raise DecodeError(f"{rule.name}: steps={low} < the {blocks} blocks a row decodes (gen_length {gen_length} "
-                          f"on the model's grid of {block_length}): every block needs a step")
 
 
 _ENCODE_HINT = "encode prompts first: ids, mask = model.tokenizer.encode_batch(prompts)"

@@ -27,6 +27,7 @@ from localleap_jax.decode.recorder import Recorder
 from localleap_jax.decode.step import Scoring, denoise_step
 from localleap_jax.decode.stop import StopPolicy
 from localleap_jax.denoiser import Denoiser, SpecialIds
+from localleap_jax.rules import RuleTraits, run_init
 
 
 class LoopSettings(NamedTuple):
@@ -40,6 +41,7 @@ class LoopSettings(NamedTuple):
     recorder: Recorder
     block_grid: bool = False  # blocks on each row's grid from its first real token (block diffusion; canvas.py)
     max_passes: int = 0  # the bound on passes (DecodeConfig.max_passes); 0: one per generated position
+    traits: RuleTraits = RuleTraits()  # the rule's static traits (rules.traits_of): region, probes, revokes, ...
 
 
 class LoopState(NamedTuple):
@@ -82,7 +84,7 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     canvas, rule = at.canvas, at.rule
     B = state.x.shape[0]
     G, T = loop.gen_length, loop.block_length
-    region_kind = getattr(rule, "region", "block")  # static: what the rule sees and changes
+    region_kind = loop.traits.region  # static: what the rule sees and changes
     block = canvas.block(state.x, state.block)
     region = canvas.region(state.x, block, region_kind)
     refresh = loop.cache.refreshes(state.done, state.step_in_block, state.block)
@@ -92,7 +94,7 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     step = denoise_step(denoiser.head, hidden.block if region.valid is None else hidden.region, region.tokens,
                         state.done, state.step_in_block, rule, state.rule_state, scoring=loop.scoring,
                         special=special, key=key, gen_length=G, block_length=T, num_blocks=canvas.row_blocks,
-                        valid=region.valid, held_out=hidden.held_out)
+                        valid=region.valid, held_out=hidden.held_out, traits=loop.traits)
     x = state.x.at[jnp.arange(B)[:, None], region.idx].set(step.tokens)
 
     if region.valid is None:  # the block is the region
@@ -109,7 +111,7 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     # block for the batch to advance, which resets it: what its update did meanwhile is never read.)
     # A rule whose state spans blocks (Saber's threshold history) keeps it through passes in which its row does not
     # work (waiting for the batch to move, with a cache), as the row alone would never have run them.
-    rule_state = (rows_where(advance, at.rule_state0, step.rule_state) if getattr(rule, "resets_state", True)
+    rule_state = (rows_where(advance, at.rule_state0, step.rule_state) if loop.traits.resets_state
                   else rows_where(step.working, step.rule_state, state.rule_state))
     record = loop.recorder.update(state.record, denoiser.head, hidden.region, region, step, state.nfe,
                                   canvas.prompt_length, loop.scoring, special)
@@ -131,13 +133,13 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
 def initial_state(denoiser: Denoiser, canvas: Canvas, rule, *, loop: LoopSettings) -> tuple[LoopState, Pass]:
     """The state before the first pass, and the pass's fixed pieces, for the rows of `canvas`."""
     B = canvas.batch
-    region_kind = getattr(rule, "region", "block")
-    rule_state0 = rule.init(B, loop.gen_length if region_kind == "generated" else loop.block_length, denoiser.vocab)
+    region = loop.gen_length if loop.traits.region == "generated" else loop.block_length
+    rule_state0 = run_init(rule, B, region, denoiser.vocab)
     zeros = jnp.zeros((B,), jnp.int32)
     state = LoopState(canvas.x0, zeros, zeros, jnp.zeros((B,), bool), zeros, jnp.int32(0), jnp.int32(0),
                       loop.cache.init(denoiser, canvas), rule_state0,
                       loop.recorder.init(B, loop.gen_length, loop.max_passes or loop.gen_length),
-                      zeros if getattr(rule, "remask_names", ()) else ())
+                      zeros if loop.traits.revokes else ())
     return state, Pass(canvas, rule, rule_state0)
 
 

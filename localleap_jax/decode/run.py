@@ -23,10 +23,11 @@ import numpy as np
 from localleap_jax.compile_cache import compile_once, signature
 from localleap_jax.config import ModelConfig
 from localleap_jax.decode.canvas import grid_tail
-from localleap_jax.decode.config import DecodeConfig, check_grid_steps, check_room, prompt_arrays
+from localleap_jax.decode.config import DecodeConfig, check_room, grid_blocks, prompt_arrays
 from localleap_jax.decode.loop import LoopOutput, decode_loop
 from localleap_jax.decode.slots import decode_slots
 from localleap_jax.rules import DecodeError
+from localleap_jax.rules.base import check_grid_steps
 from localleap_jax.trace import Trace
 
 
@@ -76,7 +77,8 @@ def prepare_inputs(ids, mask, cfg: DecodeConfig, config: ModelConfig, rng) -> tu
                           + (f" + up to {tail} positions to the block grid's end" if tail else "")
                           + f" exceeds the model's max_sequence_length ({config.max_sequence_length})")
     if config.block_causal:
-        check_grid_steps(cfg.rule, mask.sum(axis=1), cfg.gen_length, cfg.block_length)
+        blocks = int(grid_blocks(mask.sum(axis=1), cfg.gen_length, cfg.block_length).max())
+        check_grid_steps(cfg.rule, blocks, cfg.gen_length, cfg.block_length)
     if cfg.temperature > 0 and rng is None:
         raise DecodeError(f"temperature={cfg.temperature} samples: pass rng=jax.random.key(seed)")
     P = ids.shape[1]
@@ -184,7 +186,7 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
     return Generation(tokens=out.x[:, pad:], nfe=out.nfe, forward_passes=out.passes, full_passes=out.full_passes,
                       prompt_length=P - pad, seconds=seconds, compile_seconds=compile_s,
                       trace=loop.recorder.to_host(out.record, out.x, out.nfe, P, rule.clause_names,
-                                                  getattr(rule, "remask_names", ())),
+                                                  loop.traits.remask_names),
                       hit_bound=hit_bound, remasks=None if isinstance(out.remasks, tuple) else out.remasks,
                       slots=rows if per_shard is None else per_shard * shards)
 

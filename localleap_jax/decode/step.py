@@ -15,7 +15,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from localleap_jax.denoiser import SpecialIds
-from localleap_jax.rules import Decision, DecodeError, Signals, most_confident
+from localleap_jax.rules import Decision, DecodeError, RuleTraits, Signals, most_confident, run_update
+from localleap_jax.rules.failures import label
 
 
 class Scoring(NamedTuple):
@@ -73,12 +74,12 @@ def denoise_step(head: Callable[[Array], Array], hidden: Float[Array, "B T D"], 
                  done: Bool[Array, "B"], step_in_block: Int[Array, "B"], rule, rule_state, *, scoring: Scoring,
                  special: SpecialIds, key: jax.Array | None, gen_length: int, block_length: int,
                  num_blocks: Int[Array, "B"] | int | None = None, valid: Bool[Array, "B T"] | None = None,
-                 held_out: Float[Array, "B T D"] | None = None) -> StepResult:
+                 held_out: Float[Array, "B T D"] | None = None, traits: RuleTraits = RuleTraits()) -> StepResult:
     """One step on each row's region (its current block, or the generated region up to the block's end, `valid`):
     `hidden` are the hidden states that predict it, `tokens` what it holds. Rows that are `done` have no
     candidates. `num_blocks`: the blocks each row decodes (the schedule's steps per block are a rule's `steps`
     over it; default gen_length // block_length). `held_out`: hidden states of the block's probe copy (a rule
-    with probes)."""
+    with probes). `traits`: the rule's static traits (whether it takes commits back)."""
     pred, conf, scored = predict(head(hidden), scoring, special, key)
     is_mask = tokens == special.mask
     in_region = ~done[:, None] if valid is None else valid & ~done[:, None]
@@ -89,23 +90,20 @@ def denoise_step(head: Callable[[Array], Array], hidden: Float[Array, "B T D"], 
     signals = Signals(logits=scored, pred=pred, conf=conf, candidates=candidates, step=step_in_block,
                       gen_length=gen_length, block_length=block_length, num_blocks=num_blocks, tokens=tokens,
                       valid=valid, mask_id=special.mask, held_out_logits=held_out_logits)
-    decision, rule_state = rule.update(signals, rule_state)
+    # The rule's code runs here, while the loop is traced: a failure in it is one line naming the rule and its line.
+    decision, rule_state = run_update(rule, signals, rule_state)
     forced = len(rule.clause_names) + 1
-    revokes = bool(getattr(rule, "remask_names", ()))
     if not isinstance(decision, Decision):  # a rule that only commits: nothing of the remask path is traced
-        if revokes:
-            raise DecodeError(f"rule {_name(rule)!r} declares remask_names but returned {type(decision).__name__}: a rule "
-                              "that takes commits back returns ll.rules.Decision(commit, remask)")
+        if traits.revokes:
+            raise DecodeError(f"rule {label(rule)} declares remask_names but returned {type(decision).__name__}: a "
+                              "rule that takes commits back returns ll.rules.Decision(commit, remask)")
         checked(rule, "commit", decision, candidates.shape)
         code = keep_contract(decision, candidates, conf, forced=forced)
         return StepResult(pred, conf, code, jnp.where(code > 0, pred, tokens), rule_state, working)
-    code, remask = apply_decision(decision, rule, candidates, in_region, pred, tokens, conf, special.mask, forced)
+    code, remask = apply_decision(decision, rule, traits, candidates, in_region, pred, tokens, conf, special.mask,
+                                  forced)
     new = jnp.where(remask > 0, special.mask, jnp.where(code > 0, pred, tokens))
     return StepResult(pred, conf, code, new, rule_state, working, remask)
-
-
-def _name(rule) -> str:
-    return getattr(rule, "name", type(rule).__name__)
 
 
 def checked(rule, what: str, value, shape: tuple[int, ...]):
@@ -114,26 +112,26 @@ def checked(rule, what: str, value, shape: tuple[int, ...]):
     if not hasattr(value, "shape") or not hasattr(value, "dtype"):
         hint = " (a rule that takes commits back returns ll.rules.Decision(commit, remask))" if isinstance(
             value, tuple) else ""
-        raise DecodeError(f"rule {_name(rule)!r} returned {type(value).__name__} as its {what}; expected an array "
+        raise DecodeError(f"rule {label(rule)} returned {type(value).__name__} as its {what}; expected an array "
                           f"{tuple(shape)} of bool or int8 clause codes{hint}")
     if tuple(value.shape) != tuple(shape):
-        raise DecodeError(f"rule {_name(rule)!r} returned a {what} of shape {tuple(value.shape)}; expected "
+        raise DecodeError(f"rule {label(rule)} returned a {what} of shape {tuple(value.shape)}; expected "
                           f"{tuple(shape)} (one value per position of each row's region)")
     if not (jnp.issubdtype(value.dtype, jnp.bool_) or jnp.issubdtype(value.dtype, jnp.integer)):
-        raise DecodeError(f"rule {_name(rule)!r} returned a {what} of dtype {value.dtype}; expected bool or int8 "
+        raise DecodeError(f"rule {label(rule)} returned a {what} of dtype {value.dtype}; expected bool or int8 "
                           "clause codes (0: none, k: clause_names[k - 1])")
     return value
 
 
-def apply_decision(decision: Decision, rule, candidates: Bool[Array, "B T"], in_region: Bool[Array, "B T"],
-                   pred: Int[Array, "B T"], tokens: Int[Array, "B T"], conf: Float[Array, "B T"], mask_id: int,
-                   forced: int) -> tuple[Int[Array, "B T"], Int[Array, "B T"]]:
+def apply_decision(decision: Decision, rule, traits: RuleTraits, candidates: Bool[Array, "B T"],
+                   in_region: Bool[Array, "B T"], pred: Int[Array, "B T"], tokens: Int[Array, "B T"],
+                   conf: Float[Array, "B T"], mask_id: int, forced: int) -> tuple[Int[Array, "B T"], Int[Array, "B T"]]:
     """(commit codes, remask codes) of a rule that revokes, kept to the contract: commits first (candidates only),
     then remasks of what holds a token after them (decoded before this pass or just committed; never the prompt,
     never outside the region); a working row that neither commits nor remasks commits its most confident
     candidate, as a rule that only commits always does. (Never traced for a rule that only commits.)"""
-    if not getattr(rule, "remask_names", ()):
-        raise DecodeError(f"rule {_name(rule)!r} returned Decision(commit, remask) but declares no "
+    if not traits.revokes:
+        raise DecodeError(f"rule {label(rule)} returned Decision(commit, remask) but declares no "
                           "remask_names: a rule that takes commits back names its remask clauses (remask_names = (...))")
     checked(rule, "commit", decision.commit, candidates.shape)
     checked(rule, "remask", decision.remask, candidates.shape)

@@ -8,7 +8,7 @@ from typing import Any
 
 from localleap_jax.decode import DecodeConfig
 from localleap_jax.families import family_of
-from localleap_jax.decode.config import with_shared_settings
+from localleap_jax.rules import with_shared_settings
 
 DEFAULTS = {"gen_length": 256, "block_length": 32, "num_fewshot": 5}  # the papers' GSM8K setting
 DEFAULT_STRATEGIES = "low_confidence,threshold,localleap"  # before the model is known; then its family's
@@ -75,6 +75,6 @@ class EvalSettings:
 
     def decode_config(self, strategy: str) -> DecodeConfig:
         """The DecodeConfig of one strategy under these settings (not validated yet)."""
-        return with_shared_settings(strategy=strategy, gen_length=self.gen_length, block_length=self.block_length,
-                                    kappa=self.kappa, tau=self.tau, radius=self.radius, steps=self.steps,
-                                    early_stop=self.early_stop, cache=self.cache)
+        rule = with_shared_settings(strategy, kappa=self.kappa, tau=self.tau, radius=self.radius, steps=self.steps)
+        return DecodeConfig(strategy=rule, gen_length=self.gen_length, block_length=self.block_length,
+                            early_stop=self.early_stop, cache=self.cache)

@@ -16,10 +16,9 @@ from jax.sharding import Mesh
 
 from localleap_jax.errors import ModelArgsError
 from localleap_jax.decode import DecodeConfig, DecodeError, check_room
-from localleap_jax.decode.config import replaced, with_shared_settings
 from localleap_jax.likelihood import ESTIMATOR_NAMES, LikelihoodConfig, LikelihoodError
 from localleap_jax.partition import parse_mesh
-from localleap_jax.rules import RULES
+from localleap_jax.rules import RULES, SHARED_SETTINGS, with_shared_settings
 from localleap_jax.rules.base import make_spec, settings_of
 from localleap_jax.rules.registry import parse_spec, parse_value
 from localleap_jax.rules.sources import RulesError, load_rules
@@ -166,6 +165,11 @@ PYTHON_ONLY_ARGS = ("model", "on_batch", "answers_key")
 
 _DECODE_PARSERS = {"int": functools.partial(_as_int, low=None), "float": _as_float, "bool": _as_bool, "str": _as_str,
                    "int | None": _as_optional(_as_int), "float | None": _as_optional(_as_float)}
+# The rules' shared settings (rules.with_shared_settings), as the command lines' --kappa, --tau, --radius, --steps:
+# each applies to a rule that takes it and never over the strategy's own spec.
+_SHARED_PARSERS = {"kappa": _as_optional(_as_float), "tau": _as_optional(_as_float),
+                   "radius": _as_optional(_as_int), "steps": _as_optional(_as_int)}
+assert set(_SHARED_PARSERS) == set(SHARED_SETTINGS)
 
 
 def _rule_settings(strategy) -> set[str]:
@@ -198,11 +202,12 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
     decode_fields = {f.name: f for f in dataclasses.fields(DecodeConfig)}
     load_model_args_rules(given.get("rules"))
     try:
-        rule_keys = _rule_settings(given.get("strategy", DecodeConfig.strategy)) - set(decode_fields)
+        rule_keys = (_rule_settings(given.get("strategy", DecodeConfig.strategy)) - set(decode_fields)
+                     - set(SHARED_SETTINGS))
     except DecodeError as e:
         raise ModelArgsError(f"model_args strategy: {e}") from None
-    known = sorted(set(ADAPTER_ARGS) | set(decode_fields) | rule_keys)
-    problems, settings, decode, rule_extra = [], {}, {}, {}
+    known = sorted(set(ADAPTER_ARGS) | set(decode_fields) | set(SHARED_SETTINGS) | rule_keys)
+    problems, settings, decode, shared, rule_extra = [], {}, {}, {}, {}
     unknown = [name for name in given if name not in known]
     for name in unknown:
         near = difflib.get_close_matches(name, known, n=1)
@@ -212,6 +217,8 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
             parse, target = ADAPTER_ARGS[name][0], settings
         elif name in decode_fields:
             parse, target = _decode_parser(decode_fields[name]), decode
+        elif name in SHARED_SETTINGS:
+            parse, target = _SHARED_PARSERS[name], shared
         elif name in rule_keys:
             parse, target = (lambda v: parse_value(v) if isinstance(v, str) else v), rule_extra
         else:
@@ -235,7 +242,8 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
     try:
         # Without a block_length the model decides it (a block-diffusion model's own): `fit_to_model` checks
         # the canvas once the model is loaded.
-        cfg = with_shared_settings(**decode).validate(canvas="block_length" in decode)
+        rule = with_shared_settings(decode.pop("strategy", DecodeConfig.strategy), **shared)
+        cfg = DecodeConfig(strategy=rule, **decode).validate(canvas="block_length" in decode)
     except DecodeError as e:
         unknown = str(e).startswith("unknown strategy")
         hint = "; a rule of your own: model_args rules=path/to/myrules.py" if unknown else ""
@@ -278,7 +286,7 @@ def fit_to_model(cfg: DecodeConfig, config, given: dict[str, Any]) -> DecodeConf
     block_length was given (and then it must match), checked with everything else that depends on the model
     (a bidirectional model keeps the default block_length and has its canvas checked here)."""
     if config.block_causal and "block_length" not in given:
-        cfg = replaced(cfg, block_length=config.block_size)
+        cfg = dataclasses.replace(cfg, block_length=config.block_size)
     try:
         return cfg.validate(config)
     except DecodeError as e:

@@ -20,6 +20,7 @@ window's ELBO bounds its log-likelihood from below, so the sum bounds the text's
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +37,6 @@ from localleap_jax.compile_cache import enable_compilation_cache
 from localleap_jax.resolve import resolve_checkpoint
 from localleap_jax.decode import DecodeConfig
 from localleap_jax.dist.multihost import leader
-from localleap_jax.decode.config import replaced
 from localleap_jax.lm_eval.args import (check_gen_length, default_dtype, fit_to_model, parse_model_args,
                                        refuse_python_only)
 from localleap_jax.lm_eval.devices import join_and_mesh
@@ -54,9 +54,9 @@ LIKELIHOOD_CHUNK = 64  # likelihood requests scored between two cache writes (wh
 class LocalLeapLM(LM):
     """A LLaDA-architecture checkpoint decoded by `localleap_jax.generate`.
 
-    Model arguments: those in ADAPTER_ARGS and every DecodeConfig field. `model` (a loaded Model),
-    `on_batch` (called after each batch) and `answers_key` (a caller's resume key, see `answers_key`)
-    are for Python callers."""
+    Model arguments: those in ADAPTER_ARGS, every DecodeConfig field and the rules' shared settings (kappa, tau,
+    radius, steps). `model` (a loaded Model), `on_batch` (called after each batch) and `answers_key` (a caller's
+    resume key, see `answers_key`) are for Python callers."""
 
     def __init__(self, model: Model | None = None, on_batch: Callable | None = None,
                  answers_key: dict | None = None, **model_args: Any):
@@ -191,7 +191,7 @@ class LocalLeapLM(LM):
         prompts = self._fit_prompts(requests)  # refuses over-long prompts before any generation
         order = sorted(range(len(requests)), key=lambda i: (-len(prompts[i].ids), i))
         results: list[str | None] = [None] * len(requests)
-        bar = tqdm(total=len(requests), desc=f"generate [{self.cfg.strategy}]", dynamic_ncols=True,
+        bar = tqdm(total=len(requests), desc=f"generate [{self.cfg.rule.spec()}]", dynamic_ncols=True,
                    disable=disable_tqdm or not self.progress)
         try:  # closed however the loop ends, so an interrupted run's last line is not a stray bar
             for start in range(0, len(order), self.queue):
@@ -267,7 +267,7 @@ class LocalLeapLM(LM):
 
     def _config_for(self, gen_kwargs: dict) -> DecodeConfig:
         if gen_kwargs.get("do_sample") and float(gen_kwargs.get("temperature") or 0) > 0:
-            return replaced(self.cfg, temperature=float(gen_kwargs["temperature"]))
+            return dataclasses.replace(self.cfg, temperature=float(gen_kwargs["temperature"]))
         return self.cfg
 
     def _append_stats(self, rows: list[dict]) -> None:

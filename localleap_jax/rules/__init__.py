@@ -14,6 +14,9 @@ per row inside the compiled loop. Rules by module:
   combinators  any_of, all_of
   revoking     wino, saber, remdm: rules that take commits back (Decision(commit, remask))
   sources      rules from a user's file or module (load_rules, --rules), entry points, each rule's code_identity
+  traits       what the loop reads of a rule, once: RuleTraits (region, probes, remask_names, resets_state)
+  failures     a rule's calls inside the compiled loop, and a failure there in one line (file, line, what to do)
+  strategy     one way to say a rule: resolve / as_rule (a rule or a spec), with_shared_settings (the shared flags)
 """
 
 from localleap_jax.rules.base import (Decision, DecodeError, Rule, RuleBase, Signals, first_clause, most_confident, per_row,
@@ -26,8 +29,13 @@ from localleap_jax.rules.stateful import Klass, Stable  # noqa: E402
 from localleap_jax.rules.combinators import AllOf, AnyOf, all_of, any_of  # noqa: E402
 from localleap_jax.rules.revoking import ReMDM, Saber, Wino  # noqa: E402
 from localleap_jax.rules.sources import RulesError, code_identity, load_rules  # noqa: E402
+from localleap_jax.rules.traits import RuleTraits, traits_of  # noqa: E402
+from localleap_jax.rules.failures import check_calls, run_init, run_update  # noqa: E402
+from localleap_jax.rules.strategy import SHARED_SETTINGS, as_rule, resolve, with_shared_settings  # noqa: E402
 
-__all__ = ["AllOf", "AnyOf", "Decision", "DecodeError", "Entropy", "EntropyBounded", "Factor", "FunctionRule", "Klass", "LocalLeap",
-           "Dynamic", "LowConfidence", "Margin", "RULES", "ReMDM", "RulesError", "Saber", "Wino", "Rule", "RuleBase", "Signals", "Stable", "Threshold", "all_of", "any_of",
-           "code_identity", "first_clause", "load_rules", "most_confident", "near_any", "parse_spec", "per_row", "rank_by", "register",
-           "register_rule", "rule", "rule_from_json", "rule_to_json", "setting", "split_specs", "stateless", "top_k"]
+__all__ = ["AllOf", "AnyOf", "Decision", "DecodeError", "Dynamic", "Entropy", "EntropyBounded", "Factor", "FunctionRule",
+           "Klass", "LocalLeap", "LowConfidence", "Margin", "RULES", "ReMDM", "Rule", "RuleBase", "RuleTraits", "RulesError",
+           "SHARED_SETTINGS", "Saber", "Signals", "Stable", "Threshold", "Wino", "all_of", "any_of", "as_rule", "check_calls",
+           "code_identity", "first_clause", "load_rules", "most_confident", "near_any", "parse_spec", "per_row", "rank_by",
+           "register", "register_rule", "resolve", "rule", "rule_from_json", "rule_to_json", "run_init", "run_update",
+           "setting", "split_specs", "stateless", "top_k", "traits_of", "with_shared_settings"]

@@ -21,7 +21,8 @@ never a prompt position, never one outside the region); a working row that neith
 commits its most confident candidate. A rule that returns a bare commit compiles to the program without any
 of it.
 
-Class attributes a rule may set (all static):
+Class attributes a rule declares (all static; `RuleBase` gives the defaults, `traits.traits_of` reads them once
+into the loop's compile-time settings):
   region        "block" (the current block; the default) or "generated": the generated region up to the current
                 block's end (Saber, ReMDM). The signals cover the region, and the block ends only when no
                 position of the region is masked.
@@ -29,6 +30,10 @@ Class attributes a rule may set (all static):
                 copy of the block appended to the canvas, WINO's verification), as `signals.held_out`.
   remask_names  names of the remask clauses (non-empty: the rule revokes).
   resets_state  False: the loop keeps the rule's state when a row enters a new block (Saber's threshold history).
+
+A rule is an object with every member of the `Rule` protocol below. Subclass `RuleBase` (and decorate with
+`flax.struct.dataclass`), or give a function to `stateless`: an object of a class of your own that lacks a member
+(a `region`, `spec`, `with_rows`, ...) is refused in one line naming what it lacks, not probed for defaults.
 
 Settings are traced, per row. Every numeric setting is a pytree leaf: `generate` turns each into
 an array of shape [B] (a scalar is broadcast), so the compiled program does not depend on their
@@ -235,6 +240,18 @@ def check_steps(rule, steps, gen_length: int | None, block_length: int | None) -
             raise DecodeError(f"{rule.name}: steps={s} > gen_length={gen_length}: some steps would commit nothing")
 
 
+def check_grid_steps(rule, blocks: int, gen_length: int, block_length: int) -> None:
+    """On a block grid a rule's `steps` (the total over a row's decoded blocks) must give each of the `blocks` a row
+    decodes at most (it depends on the prompts: decode/config.py's grid_blocks) a step."""
+    steps = getattr(rule, "steps", None)  # a setting of the rules on LLaDA's schedule
+    if steps is None:
+        return
+    low = int(np.min(np.asarray(steps)))
+    if low < blocks:
+        raise DecodeError(f"{rule.name}: steps={low} < the {blocks} blocks a row decodes (gen_length {gen_length} "
+                          f"on the model's grid of {block_length}): every block needs a step")
+
+
 def settings_as_rows(rule, batch: int) -> dict[str, np.ndarray]:
     """Every (non-None) setting as an array of shape [batch], int32 or float32: the traced form."""
     out = {}
@@ -315,13 +332,25 @@ class RuleBase:
 
 
 class Rule(Protocol):
+    """Everything the loop and the command lines use of a rule (`RuleBase` gives all but `update`)."""
+
     name: str
-    clause_names: tuple[str, ...]
+    clause_names: tuple[str, ...]  # what commit code k names (clause_names[k - 1])
+    region: str  # "block" | "generated"
+    probes: bool
+    remask_names: tuple[str, ...]
+    resets_state: bool
 
     def init(self, batch: int, block: int, vocab: int) -> State: ...
 
-    def update(self, signals: Signals, state: State) -> tuple[Array, State]: ...
+    def update(self, signals: Signals, state: State) -> tuple[Array | Decision, State]: ...
 
     def validate(self, gen_length: int | None = None, block_length: int | None = None) -> "Rule": ...
+
+    def with_rows(self, batch: int) -> "Rule": ...
+
+    def pass_bound(self, gen_length: int, block_length: int) -> int: ...
+
+    def min_passes(self, gen_length: int, block_length: int) -> int: ...
 
     def spec(self) -> str: ...

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from localleap_jax.rules.base import DecodeError, RuleBase, Signals
+from localleap_jax.rules.traits import traits_of
 
 
 @struct.dataclass
@@ -36,9 +37,15 @@ class AnyOf(RuleBase):
 
     def validate(self, gen_length=None, block_length=None):
         for r in self.rules:
-            if getattr(r, "remask_names", ()) or getattr(r, "region", "block") != "block" or getattr(r, "probes", False):
-                raise DecodeError(f"{r.name} takes commits back or sees more than the block: it cannot be combined "
-                                  "with any_of/all_of (their union or intersection of commits has no remask to merge)")
+            traits = traits_of(r)
+            why = [what for what, holds in (("takes commits back", traits.revokes),
+                                            (f"sees the {traits.region} region", traits.region != "block"),
+                                            ("probes the block", traits.probes),
+                                            ("keeps its state across blocks", not traits.resets_state)) if holds]
+            if why:
+                raise DecodeError(f"{r.name} {' and '.join(why)}: it cannot be combined with any_of/all_of (a union "
+                                  "or intersection of commits has no remask to merge, and its parts see the block "
+                                  "alone, each pass, their states reset with each block)")
             r.validate(gen_length, block_length)
         return self
 

@@ -1,0 +1,67 @@
+"""What the loop reads of a rule, read once: that it is a rule at all, and its traits.
+
+    traits = rules.traits_of(rule)     # RuleTraits(region, probes, remask_names, resets_state), checked
+
+A rule's traits are static (they shape the compiled program): the class attributes the `Rule` protocol declares,
+with `RuleBase`'s defaults (region "block", no probes, no remask clauses, state reset per block). `DecodeConfig`
+reads them here, once, into the loop's compile-time settings (`LoopSettings.traits`); nothing in `decode/` reads a
+rule's attributes. An object without every member of the protocol (a user's class that does not subclass
+RuleBase) is refused in one line naming what it lacks.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import NamedTuple
+
+import numpy as np
+
+from localleap_jax.rules.base import DecodeError, Rule
+
+REGIONS = ("block", "generated")
+
+
+class RuleTraits(NamedTuple):
+    """A rule's static traits (hashable: part of the compiled program's key)."""
+
+    region: str = "block"  # what the rule sees and changes: the current block, or the generated region up to its end
+    probes: bool = False  # the pass also scores each block position with that position hidden (signals.held_out)
+    remask_names: tuple[str, ...] = ()  # the rule's remask clauses (non-empty: it takes commits back)
+    resets_state: bool = True  # False: the rule's state spans blocks (kept when a row enters a new block)
+
+    @property
+    def revokes(self) -> bool:
+        return bool(self.remask_names)
+
+
+def protocol_members() -> tuple[str, ...]:
+    """Every name the Rule protocol declares: its attributes, then its methods."""
+    methods = [name for name, value in vars(Rule).items() if inspect.isfunction(value) and not name.startswith("_")]
+    return (*Rule.__annotations__, *methods)
+
+
+def _called(rule) -> str:
+    name = rule.name if isinstance(getattr(rule, "name", None), str) else None
+    return f"rule {name!r}" if name else f"{type(rule).__name__} {rule!r}"
+
+
+def traits_of(rule) -> RuleTraits:
+    """The rule's traits, checked: every protocol member present, a region the loop knows, probes only over the
+    block, remask_names a tuple of names, probes and resets_state True or False. One DecodeError line otherwise."""
+    missing = [m for m in protocol_members() if not hasattr(rule, m)]
+    if missing:
+        raise DecodeError(f"{_called(rule)} lacks {', '.join(missing)} of the Rule protocol: subclass "
+                          "ll.rules.RuleBase (a flax.struct.dataclass), which gives every default, or use "
+                          "ll.stateless(fn)")
+    region, probes, names, resets = rule.region, rule.probes, rule.remask_names, rule.resets_state
+    if not isinstance(region, str) or region not in REGIONS:
+        raise DecodeError(f"{rule.name}: region={region!r}; a rule's region is 'block' or 'generated'")
+    for trait, value in (("probes", probes), ("resets_state", resets)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise DecodeError(f"{rule.name}: {trait}={value!r} must be True or False")
+    if probes and region != "block":
+        raise DecodeError(f"{rule.name}: probes score the current block; a rule with region {region!r} cannot "
+                          "have them")
+    if not isinstance(names, tuple) or not all(isinstance(n, str) for n in names):
+        raise DecodeError(f"{rule.name}: remask_names={names!r} must be a tuple of names, e.g. ('doubt',)")
+    return RuleTraits(region, bool(probes), names, bool(resets))
