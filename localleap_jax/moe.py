@@ -384,7 +384,7 @@ def _routed(moe: MoE, params: dict, x: Float[Array, "T D"], router_input: Float[
     idx, weights = route(moe.router, router_input, params["gate"]["kernel"], params.get("expert_bias"),
                          params.get("expert_scale"))
     if moe.dispatch == "all":
-        if first != 0 or params["experts"]["gate_proj"].shape[0] != moe.router.num_experts:
+        if params["experts"]["gate_proj"].shape[0] != moe.router.num_experts:  # a shard of them (expert axis)
             raise ConfigError("MoE dispatch 'all' runs every expert on one device: use 'capacity', 'ragged' or "
                               "'tiles' with an expert axis")
         return routed_all(moe.activation, params["experts"], x, idx, weights)

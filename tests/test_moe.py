@@ -364,6 +364,9 @@ def test_parameters_that_disagree_with_the_router_are_named():
         MoE(router, dispatch="sorted")
     with pytest.raises(ConfigError, match="MoE capacity=0"):
         MoE(router, capacity=0)
+    with pytest.raises(ConfigError, match="'all' runs every expert on one device"):
+        half = {**p, "experts": jax.tree.map(lambda a: a[:16], p["experts"])}
+        moe_layer(MoE(router, dispatch="all"), half, x)
 
 
 # ---------------------------------------------------------------- expert parallelism on 8 fake devices
