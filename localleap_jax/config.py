@@ -38,6 +38,9 @@ class ModelConfig:
     # 0: bidirectional attention. > 0: block-causal on each row's grid of this many positions (SDAR): a query
     # in block i sees keys in blocks <= i, so a finished block's K/V never change.
     block_size: int = 0
+    # True: the attention grid follows the decoding block (DecodeConfig.block_length; LLaDA2), block_size being
+    # the default; False: block_length must be block_size, the block the model was trained with (SDAR).
+    flexible_block: bool = False
     # How far the logits lag the tokens they score: 1 when the token at i is scored from the hidden state at i - 1
     # (Dream, trained from an autoregressive model), 0 when from its own (LLaDA, SDAR).
     logits_shift: int = 0

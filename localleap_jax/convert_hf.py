@@ -161,7 +161,7 @@ def check_tensors(shards: list[Path], config: ModelConfig) -> dict[str, TensorIn
                 unexpected.append(name)
                 continue
             blocks = parts(entry)
-            want = [hf_shape(t, tuple(leaf_of(expected, t).shape)) for t in blocks]
+            want = [hf_shape(t, expected) for t in blocks]
             if len(blocks) == 1 and blocks[0].rows is None:
                 if info.shape != want[0]:
                     bad_shape.append(f"{name} is {list(info.shape)}, config.json implies {list(want[0])}")

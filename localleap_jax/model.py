@@ -40,6 +40,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from localleap_jax.config import ModelConfig
+from localleap_jax.moe import MoELayers, expert_mesh, moe_layer
 
 Params = dict  # the Linen parameter tree: {"wte", "blocks", "ln_f", "ff_out"} (q/k/v "bias" with qkv_bias,
 # "q_norm"/"k_norm" with qk_norm, no "ff_out" with a tied head)
@@ -148,12 +149,49 @@ class RMSNorm(nn.Module):
         return rms_norm(x, scale.astype(x.dtype), self.eps)
 
 
+class Leaves(nn.Module):
+    """Named parameter arrays under this module's name (the layout moe.py's functions read)."""
+
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    param_dtype: jnp.dtype = jnp.float32
+    init: str = "normal"  # "normal" (N(0, 0.02)) or "zeros"
+
+    @nn.compact
+    def __call__(self) -> dict:
+        init = _init if self.init == "normal" else nn.initializers.zeros
+        return {name: self.param(name, init, shape, self.param_dtype) for name, shape in self.shapes}
+
+
+class MoEFeedForward(nn.Module):
+    """A MoE feed-forward (localleap_jax.moe): the router's gate, its expert bias, the routed experts and the shared
+    ones, under the names moe.py reads; the routed experts split over a mesh's "expert" axis when there is one."""
+
+    arch: MoELayers
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, h):
+        a, D = self.arch, h.shape[-1]
+        E, F, S = a.moe.router.num_experts, a.expert_hidden, a.shared_hidden
+        dt = self.param_dtype
+        params = {"gate": Leaves((("kernel", (D, E)),), dt, name="gate")(),
+                  "experts": Leaves((("gate_proj", (E, D, F)), ("up_proj", (E, D, F)), ("down_proj", (E, F, D))), dt,
+                                    name="experts")()}
+        if a.expert_bias:
+            params["expert_bias"] = self.param("expert_bias", nn.initializers.zeros, (E,), dt)
+        if S:
+            params["shared"] = {n: Leaves((("kernel", shape),), dt, name=f"shared_{n}")()
+                                for n, shape in (("gate_proj", (D, S)), ("up_proj", (D, S)), ("down_proj", (S, D)))}
+        return moe_layer(a.moe, params, h, mesh=expert_mesh())
+
+
 class Block(nn.Module):
     """One Llama-style block (LLaDA, or Dream with q/k/v biases). Returns (x, (k, v)) so the layer
-    scan can stack K/V."""
+    scan can stack K/V. `moe`: its feed-forward is a mixture of experts (config.arch, a MoELayers)."""
 
     config: ModelConfig
     param_dtype: jnp.dtype = jnp.float32
+    moe: bool = False
 
     @nn.compact
     def __call__(self, x, positions, mask, write, layer_cache):
@@ -177,9 +215,36 @@ class Block(nn.Module):
         o = attention(q, k_all, v_all, mask).reshape(B, T, c.n_heads * c.head_dim)
         x = x + dense(c.d_model, name="attn_out")(o)
         h = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype, name="ff_norm")(x)
+        if self.moe:
+            return x + MoEFeedForward(c.arch, self.param_dtype, name="moe")(h), (k, v)
         gated = nn.silu(dense(c.mlp_hidden_size, name="ff_proj")(h)) * dense(c.mlp_hidden_size, name="up_proj")(h)
         x = x + dense(c.d_model, name="ff_out")(gated)
         return x, (k, v)
+
+
+def segments(config: ModelConfig) -> tuple[tuple[str, bool, int, int], ...]:
+    """The layers as runs of one kind, each scanned as one stack: (tree name, MoE or not, first layer, layers).
+    Without MoE one run, "blocks"; a MoE model's runs are "blocks" / "moe_blocks" (a second run of a kind gets
+    "_<k>"): LLaDA2 (one dense layer, then MoE) is "blocks" [1] and "moe_blocks" [N - 1]."""
+    kinds = config.arch.layers if isinstance(config.arch, MoELayers) else (False,) * config.n_layers
+    runs, seen = [], {}
+    for i, kind in enumerate(kinds):
+        if runs and runs[-1][1] == kind:
+            name, _, first, count = runs[-1]
+            runs[-1] = (name, kind, first, count + 1)
+            continue
+        base = "moe_blocks" if kind else "blocks"
+        seen[base] = seen.get(base, 0) + 1
+        runs.append((base if seen[base] == 1 else f"{base}_{seen[base] - 1}", kind, i, 1))
+    return tuple(runs)
+
+
+def layer_slot(config: ModelConfig, layer: int) -> tuple[str, int]:
+    """Where layer `layer` sits in the tree: (its run's name, its index in that stack)."""
+    for name, _, first, count in segments(config):
+        if first <= layer < first + count:
+            return name, layer - first
+    raise IndexError(f"layer {layer} of a {config.n_layers}-layer model")
 
 
 def _write_window(cache: Float[Array, "B L K H"], new: Float[Array, "B Q K H"], write: CacheWrite):
@@ -212,13 +277,11 @@ class DiffusionLM(nn.Module):
     def setup(self):
         c = self.config
         self.wte = nn.Embed(c.embedding_size, c.d_model, embedding_init=_init, param_dtype=self.param_dtype)
-        self.blocks = nn.scan(
-            Block,
-            variable_axes={"params": 0},
-            split_rngs={"params": True},
-            in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
-            length=c.n_layers,
-        )(c, self.param_dtype)
+        self.runs = segments(c)
+        self.stacks = [nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
+                               in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0), length=count)(
+                           c, self.param_dtype, moe, name=name)
+                       for name, moe, _, count in self.runs]
         self.ln_f = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype)
         if not c.tie_word_embeddings:
             self.ff_out = LMHead(c.embedding_size, param_dtype=self.param_dtype)
@@ -231,7 +294,15 @@ class DiffusionLM(nn.Module):
         x = self.wte(tokens)
         if mask is None:
             mask = attention_mask(positions, key_mask, self.config.block_size)
-        return self.blocks(x, positions, mask, write, cache)
+        if len(self.stacks) == 1:
+            return self.stacks[0](x, positions, mask, write, cache)
+        ks, vs = [], []
+        for stack, (_, _, first, count) in zip(self.stacks, self.runs):  # each run of layers reads its cache slice
+            layer_cache = tuple(c[first:first + count] for c in cache) if cache else ()
+            x, (k, v) = stack(x, positions, mask, write, layer_cache)
+            ks.append(k)
+            vs.append(v)
+        return x, (jnp.concatenate(ks), jnp.concatenate(vs))
 
     def head(self, h):
         h = self.ln_f(h)

@@ -359,6 +359,32 @@ def _batched_mlp(activation: str, weights: dict, x: Float[Array, "N C D"]) -> Fl
 # ---------------------------------------------------------------- the layer
 
 
+@dataclasses.dataclass(frozen=True)
+class MoELayers:
+    """`ModelConfig.arch` of a mixture-of-experts model of model.py's network: which layers have a MoE feed-forward
+    (the others a dense SwiGLU of `ModelConfig.mlp_hidden_size`), its settings, and the experts' widths."""
+
+    moe: MoE
+    layers: tuple[bool, ...]  # per layer: True for a MoE feed-forward
+    expert_hidden: int  # F: each routed expert's SwiGLU width
+    shared_hidden: int = 0  # the shared experts' SwiGLU width (num_shared x F; 0: none)
+    expert_bias: bool = False  # the router has an expert_bias leaf (Router.bias set)
+
+    def __post_init__(self):
+        if self.expert_hidden < 1 or self.shared_hidden < 0:
+            raise ConfigError(f"expert width {self.expert_hidden} and shared width {self.shared_hidden}: expected > 0 "
+                              "and >= 0")
+        if self.expert_bias != (self.moe.router.bias is not None):
+            raise ConfigError("an expert_bias leaf goes with a router that uses one (Router.bias), and only then")
+
+
+def expert_mesh():
+    """The enclosing mesh when it has an "expert" axis of size > 1 (inside the sharded decode loop's shard_map),
+    else None: what `moe_layer(..., mesh=)` takes from model code that does not know where it runs."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return mesh if dict(getattr(mesh, "shape", {}) or {}).get(EXPERT_AXIS, 1) > 1 else None
+
+
 def moe_layer(moe: MoE, params: dict, x: Float[Array, "... D"], *, router_input: Float[Array, "... D"] | None = None,
               mesh=None) -> Float[Array, "... D"]:
     """The layer's output for x [..., D] (routed experts weighted, plus the shared experts if params has

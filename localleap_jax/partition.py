@@ -27,8 +27,9 @@ DATA, EXPERT, MODEL = "data", "expert", "model"
 ROUTED_EXPERTS = "experts"  # the key of a MoE layer's routed experts (localleap_jax.moe's parameter layout)
 
 # Which dimension of each block matrix the model axis splits (leaves are layer-stacked: [n_layers, in, out]).
-_BY_OUTPUT = ("q_proj", "k_proj", "v_proj", "ff_proj", "up_proj")  # column-parallel: heads / hidden units
-_BY_INPUT = ("attn_out", "ff_out")  # row-parallel: the matching input rows, then an all-reduce
+_BY_OUTPUT = ("q_proj", "k_proj", "v_proj", "ff_proj", "up_proj",  # column-parallel: heads / hidden units
+              "shared_gate_proj", "shared_up_proj")  # (a MoE layer's shared experts: one SwiGLU)
+_BY_INPUT = ("attn_out", "ff_out", "shared_down_proj")  # row-parallel: the matching input rows, then an all-reduce
 
 
 def make_mesh(data: int | None = None, model: int = 1, devices=None, *, expert: int = 1) -> Mesh:
@@ -100,9 +101,11 @@ def mesh_from_text(text: str, devices=None) -> Mesh:
 def model_split_axis(path: tuple[str, ...], shape: tuple[int, ...]) -> int | None:
     """The dimension of a parameter leaf the model axis splits (None: replicated). Leaves are
     layer-stacked: block matrices are [n_layers, in, out]."""
-    if path[0] == "blocks" and path[1] in _BY_OUTPUT:
+    stack = path[0] in ("blocks", "moe_blocks") or path[0].startswith(("blocks_", "moe_blocks_"))  # model.segments
+    where = path[2] if stack and len(path) > 3 and path[1] == "moe" else path[1] if stack else None
+    if where in _BY_OUTPUT:
         return len(shape) - 1  # kernel [N, in, out] and bias [N, out]: the output columns
-    if path[0] == "blocks" and path[1] in _BY_INPUT and path[-1] == "kernel":
+    if where in _BY_INPUT and path[-1] == "kernel":
         return 1  # [N, in, out]: the input rows
     if path[0] == "wte":
         return 0  # [V, D]: the vocabulary

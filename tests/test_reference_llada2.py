@@ -35,8 +35,8 @@ def tiny_tensors(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
     def w(*shape, s=0.25):
         return (rng.standard_normal(shape) * s).astype(np.float32)
 
-    out = {"model.word_embeddings.weight": w(V, H, s=1.0), "model.norm.weight": 1 + w(H, s=0.1),
-           "lm_head.weight": w(V, H)}
+    out = {"model.word_embeddings.weight": w(cfg["vocab_size"], H, s=1.0), "model.norm.weight": 1 + w(H, s=0.1),
+           "lm_head.weight": w(cfg["vocab_size"], H)}
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
         out |= {p + "input_layernorm.weight": 1 + w(H, s=0.1), p + "post_attention_layernorm.weight": 1 + w(H, s=0.1),

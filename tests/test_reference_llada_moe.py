@@ -37,7 +37,7 @@ def tiny_tensors(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
         return {prefix + "gate_proj.weight": w(F, H), prefix + "up_proj.weight": w(F, H),
                 prefix + "down_proj.weight": w(H, F)}
 
-    out = {"model.embed_tokens.weight": w(V, H, s=1.0), "model.norm.weight": 1 + w(H, s=0.1), "lm_head.weight": w(V, H)}
+    out = {"model.embed_tokens.weight": w(cfg["vocab_size"], H, s=1.0), "model.norm.weight": 1 + w(H, s=0.1), "lm_head.weight": w(cfg["vocab_size"], H)}
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
         out |= {p + "input_layernorm.weight": 1 + w(H, s=0.1), p + "post_attention_layernorm.weight": 1 + w(H, s=0.1),

@@ -111,7 +111,7 @@ class DecodeConfig:
         if self.gen_length <= 0 or self.block_length <= 0:
             bad(f"gen_length ({self.gen_length}) and block_length ({self.block_length}) must be positive")
         if grid:
-            if self.block_length != model.block_size:
+            if self.block_length != model.block_size and not model.flexible_block:
                 bad(f"this block-diffusion model attends in blocks of {model.block_size} (config.json block_size): "
                     f"block_length must be {model.block_size}, got {self.block_length} (a block of the loop is a "
                     "block of the model's attention)")

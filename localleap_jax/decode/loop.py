@@ -104,7 +104,7 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
         block_full = ~jnp.any((step.tokens == special.mask) & region.valid, axis=1)
         block_now = block._replace(tokens=rows_take(x, block.idx))
     last_block = state.block == canvas.row_blocks - 1
-    stop_here, x = loop.stop.update(x, block_now, block_full, last_block, special)
+    stop_here, x = loop.stop.update(x, block_now, block_full, last_block, special, canvas.prompt_length)
     done = state.done | (~state.done & block_full & (last_block | stop_here))
     advance, moved = loop.cache.advances(done, block_full)
     # A row entering a new block starts afresh. (A row with no candidates is done, or waits with a full

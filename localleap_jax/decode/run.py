@@ -149,6 +149,15 @@ def check_slots(slots) -> int | None:
     return int(slots)
 
 
+def decoding_denoiser(model, cfg: DecodeConfig):
+    """The model's denoiser, attending on the decoding block's grid when its grid follows the decoding block
+    (`ModelConfig.flexible_block`, LLaDA2) rather than the block it was trained with."""
+    config = model.config
+    if config.block_causal and config.flexible_block and cfg.block_length != config.block_size:
+        return model.denoiser.replace(config=dataclasses.replace(config, block_size=cfg.block_length))
+    return model.denoiser
+
+
 def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,
         placement: Placement = OneDevice(), trace: bool = False, slots: int | None = None) -> Generation:
     """Decode left-padded prompts (ids [B, Lp], mask [B, Lp]) with one compiled loop on `placement`: all B rows at
@@ -170,7 +179,8 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
     loop = cfg.loop_settings(trace, model.config)
     special = model.special
     key = rng if cfg.temperature > 0 else None  # greedy decoding draws nothing: no key, one program
-    denoiser, inputs = placement.place(model.denoiser, pad_rows(ids_b, rows), pad_rows(mask_b, rows), key, rule_rows)
+    denoiser, inputs = placement.place(decoding_denoiser(model, cfg), pad_rows(ids_b, rows), pad_rows(mask_b, rows), key,
+                                       rule_rows)
     loop_fn = (functools.partial(decode_loop, loop=loop, special=special) if per_shard is None else
                functools.partial(decode_slots, loop=loop, special=special, slots=per_shard))
     program_key: Hashable = (placement, loop, special, per_shard, signature(denoiser), signature(inputs))

@@ -8,6 +8,8 @@
   dream  Dream (Qwen2.5 keys): q/k/v biases, logits lag one position                    dream.py
   sdar   SDAR / TraDo (Qwen3 keys): per-head q/k norms, tied head, block-causal           sdar.py
   fast_dllm_v2  Fast-dLLM v2 (Qwen2.5 keys): block-causal, logits shifted, sub-blocks   fast_dllm_v2.py
+  llada2        LLaDA2.x (Ling-2.0 MoE): block-causal (a decoding block), partial rotary  llada2.py
+  llada_moe     LLaDA-MoE (OLMoE-like MoE), bidirectional                                 llada_moe.py
   (fields.py: typed config.json readers; qwen.py: the Qwen2/Qwen3 keys and tensor names Dream and SDAR share;
    target.py: where a tensor goes.)
 
@@ -49,7 +51,7 @@ class Family:
     init_params: Callable[..., Any] | None = None
     denoiser: Callable[[Any, ModelConfig], Any] | None = None
     chat_format: str = "llada"  # the small tokenizers this project trains: LLaDA's specials, or "chatml"
-    key_hint: str | None = None  # a config.json key that names the family when nothing else does (older files)
+    key_hint: str | None = None  # a config.json key that names the family when architectures do not
     # Conversion: what config.json lacks, completed from the source's other files (`complete_config(src, hf)`);
     # a tokenizer.json built into `workdir` from the source's slow tokenizer files (`build_tokenizer(src, workdir)`
     # -> whether it built one).
@@ -69,9 +71,10 @@ class Family:
     eval_strategies: str = "low_confidence,threshold,localleap"
 
 
-from localleap_jax.families import dream, fast_dllm_v2, llada, sdar  # noqa: E402  (each builds a Family)
+from localleap_jax.families import dream, fast_dllm_v2, llada, llada2, llada_moe, sdar  # noqa: E402  (each a Family)
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (llada.FAMILY, dream.FAMILY, sdar.FAMILY, fast_dllm_v2.FAMILY)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (llada.FAMILY, dream.FAMILY, sdar.FAMILY, fast_dllm_v2.FAMILY,
+                                                    llada2.FAMILY, llada_moe.FAMILY)}
 
 
 def family_of(config_or_name: ModelConfig | str) -> Family:
@@ -96,9 +99,9 @@ def detect(cfg: Mapping[str, Any]) -> Family:
     by_arch = max(hits, key=lambda h: h[0])[1] if hits else None
     if by_type and by_arch is not None and by_arch not in by_type:
         raise ConfigError(f"config.json contradicts itself: model_type={model_type!r} but architectures={archs!r}")
-    if by_arch is not None or by_type:
-        return by_arch or by_type[0]
-    hinted = [f for f in FAMILIES.values() if f.key_hint and f.key_hint in cfg]
+    hinted = [f for f in (by_type or FAMILIES.values()) if f.key_hint and f.key_hint in cfg]
+    if by_arch is not None or by_type:  # families sharing a model_type (LLaDA, LLaDA-MoE) are told apart by keys
+        return by_arch or (hinted or by_type)[0]
     if hinted:
         return hinted[0]
     known = ", ".join(f"{f.model_types[0]!r} ({f.title})" for f in FAMILIES.values())

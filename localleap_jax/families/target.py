@@ -19,7 +19,7 @@ class Target(NamedTuple):
     transposed or not."""
 
     path: tuple[str, ...]
-    layer: int | None
+    layer: int | tuple[int, ...] | None  # the slot in a stacked leaf: its layer, or (layer, expert) for routed experts
     transpose: bool  # PyTorch Linear stores [out, in]; the Flax kernel is [in, out]
     rows: tuple[int, int] | None = None  # [start, stop) of the HF tensor's first axis (None: all of it)
 
@@ -29,17 +29,26 @@ def parts(entry: "Target | tuple[Target, ...]") -> tuple[Target, ...]:
     return entry if isinstance(entry, tuple) and not isinstance(entry, Target) else (entry,)
 
 
+def _index(target: Target) -> tuple[int, ...]:
+    return () if target.layer is None else target.layer if isinstance(target.layer, tuple) else (target.layer,)
+
+
 def leaf_of(tree: Any, target: Target):
-    """The array (or abstract array) a Target names: its leaf, or the leaf's layer slot."""
+    """The array a Target names: its leaf, or the leaf's slot (its layer, or layer and expert)."""
     leaf = tree
     for k in target.path:
         leaf = leaf[k]
-    return leaf if target.layer is None else leaf[target.layer]
+    index = _index(target)
+    return leaf[index] if index else leaf
 
 
-def hf_shape(target: Target, leaf_shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The HF shape of what a Target holds (its rows' block, for a fused tensor), from its leaf's (slot's) shape."""
-    return tuple(reversed(leaf_shape)) if target.transpose else tuple(leaf_shape)
+def hf_shape(target: Target, tree: Any) -> tuple[int, ...]:
+    """The HF shape of what a Target holds (its rows' block, for a fused tensor), from the (abstract) tree."""
+    leaf = tree
+    for k in target.path:
+        leaf = leaf[k]
+    shape = tuple(leaf.shape)[len(_index(target)):]
+    return tuple(reversed(shape)) if target.transpose else shape
 
 
 def by_hf_name(params: Any, tensor_map: dict) -> dict[str, Any]:
