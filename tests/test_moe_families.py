@@ -215,3 +215,52 @@ def test_llada_moe_decodes_as_llada_s_loop_and_runs_every_cache_and_the_estimato
 
 def bidirectional_logits_fn(net):
     return lambda ids: torch.from_numpy(np.asarray(LM.llada_moe_logits_fn(net)(np.asarray(ids))))
+
+
+EXPERT_MESHES = r"""
+import json, sys
+import numpy as np
+import jax
+import localleap_jax as ll
+from localleap_jax.dist.mesh import addressable_bytes
+
+path, ids, mask = sys.argv[1], np.asarray(json.loads(sys.argv[2]), np.int32), np.asarray(json.loads(sys.argv[3]))
+cfg = ll.DecodeConfig(strategy=ll.rule("dynamic", threshold=0.03, steps=12), gen_length=10, block_length=4,
+                      early_stop=True)
+one = ll.load(path, dtype="float32")
+ref = ll.generate(one, ids, mask, cfg)
+res = {}
+for data, expert, model in ((2, 4, 1), (1, 8, 1), (2, 2, 2)):
+    mesh = ll.make_mesh(data=data, expert=expert, model=model)
+    m = ll.load(path, dtype="float32", mesh=mesh)
+    leaf = m.params["moe_blocks"]["moe"]["experts"]["gate_proj"]   # [layers, E, D, F]
+    held = addressable_bytes({"x": leaf})
+    out = ll.generate(m, ids, mask, cfg, mesh=mesh)
+    res[f"{data}x{expert}x{model}"] = dict(
+        tokens=bool((out.tokens == ref.tokens).all()), nfe=out.nfe.tolist() == ref.nfe.tolist(),
+        experts_axis=leaf.shape[1], share=max(held.values()) / leaf.nbytes)
+print(json.dumps(res))
+"""
+
+
+def test_llada2_on_meshes_with_an_expert_axis_equals_one_device(llada2, tokenizer):
+    """8 fake CPU devices: the routed experts split over "expert" (each device ~1/expert of their bytes, restored
+    straight into their shards) with data and model axes beside it; every mesh gives the one-device tokens and NFE."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    _, _, out = llada2
+    V, mask_id, eos_id = _ids(tokenizer)
+    ids, mask = _batch(V, [7, 3], seed=11, avoid=(mask_id, eos_id))
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run([sys.executable, "-c", EXPERT_MESHES, str(out), json.dumps(ids.tolist()),
+                          json.dumps(mask.tolist())], capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    res = json.loads(run.stdout.strip().splitlines()[-1])
+    for name, r in res.items():
+        expert = int(name.split("x")[1])
+        assert r["tokens"] and r["nfe"], name
+        assert r["experts_axis"] == 8 and abs(r["share"] - 1 / expert) < 1e-9, (name, r)

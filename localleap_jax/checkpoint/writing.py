@@ -22,7 +22,7 @@ from localleap_jax.config import ModelConfig
 from localleap_jax.errors import CheckpointError
 from localleap_jax.families import write_config
 from localleap_jax.model import Params
-from localleap_jax.partition import model_split_axis, path_names
+from localleap_jax.partition import expert_split_axis, model_split_axis, path_names
 from localleap_jax.tokenizer import TOKENIZER_FILES
 
 
@@ -98,12 +98,15 @@ CHUNK_BYTES = 64 * 2**20
 
 
 def chunking(params: Params, chunk_bytes: int | None = CHUNK_BYTES):
-    """Orbax SaveArgs per leaf: chunks of at most `chunk_bytes`, cut first along the dimension the
-    model axis splits (localleap_jax.partition.model_split_axis). None: one chunk per array."""
+    """Orbax SaveArgs per leaf: chunks of at most `chunk_bytes`, cut first along the dimension a mesh splits (a
+    routed expert's expert dimension, partition.expert_split_axis; else the model axis', model_split_axis). None: one
+    chunk per array."""
     import orbax.checkpoint as ocp
 
     def save_args(keypath, leaf):
-        axis = model_split_axis(path_names(keypath), tuple(leaf.shape))
+        path, shape = path_names(keypath), tuple(leaf.shape)
+        axis = expert_split_axis(path, shape)
+        axis = model_split_axis(path, shape) if axis is None else axis
         return ocp.SaveArgs(chunk_byte_size=chunk_bytes, shard_axes=() if axis is None else (axis,))
     return jax.tree_util.tree_map_with_path(save_args, params)
 

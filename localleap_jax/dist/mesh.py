@@ -26,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from localleap_jax.decode import LoopOutput
 from localleap_jax.errors import DecodeError
 from localleap_jax.likelihood.program import Requests
-from localleap_jax.partition import DATA, MODEL, param_shardings
+from localleap_jax.partition import DATA, EXPERT, MODEL, param_shardings
 
 
 def shard_params(params, mesh: Mesh):
@@ -82,9 +82,9 @@ class _OnDataModelMesh:
     mesh: Mesh
 
     def __post_init__(self):
-        if tuple(self.mesh.axis_names) != (DATA, MODEL):
-            raise DecodeError("running on a mesh needs the axes ('data', 'model'): "
-                              "localleap_jax.partition.make_mesh(data=..., model=...)")
+        if tuple(self.mesh.axis_names) not in ((DATA, MODEL), (DATA, EXPERT, MODEL)):
+            raise DecodeError("running on a mesh needs the axes ('data', 'model') or ('data', 'expert', 'model'): "
+                              "ll.make_mesh(data=..., expert=..., model=...)")
 
     def rows(self, batch):
         D = self.mesh.shape[DATA]

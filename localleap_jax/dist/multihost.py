@@ -186,12 +186,19 @@ class Leader:
 
 
 def mesh_shape(mesh) -> list[int]:
-    """[data, model] of a mesh, which the followers rebuild with make_mesh: so it must be make_mesh's."""
-    shape = [int(mesh.shape["data"]), int(mesh.shape["model"])]
-    if mesh != make_mesh(*shape):
-        raise DecodeError(f"a multi-process run needs the mesh make_mesh(data={shape[0]}, model={shape[1]}) builds "
-                          "(the other processes rebuild it that way); this one orders its devices otherwise")
+    """[data, model, expert] of a mesh, which the followers rebuild with `rebuild_mesh`: so it must be make_mesh's."""
+    shape = [int(mesh.shape["data"]), int(mesh.shape["model"]), int(dict(mesh.shape).get("expert", 1))]
+    if mesh != rebuild_mesh(shape):
+        raise DecodeError(f"a multi-process run needs the mesh make_mesh(data={shape[0]}, model={shape[1]}, "
+                          f"expert={shape[2]}) builds (the other processes rebuild it that way); this one orders its "
+                          "devices otherwise")
     return shape
+
+
+def rebuild_mesh(shape) -> Any:
+    """The mesh `mesh_shape` described ([data, model] from an older leader: expert 1)."""
+    data, model, *expert = shape
+    return make_mesh(data, model, expert=expert[0] if expert else 1)
 
 
 _LEADER: Leader | None = None
@@ -254,7 +261,7 @@ class Follower:
 
     def load(self, meta: dict) -> None:
         self.model = None
-        self.mesh = None if meta["mesh"] is None else make_mesh(*meta["mesh"])
+        self.mesh = None if meta["mesh"] is None else rebuild_mesh(meta["mesh"])
         try:
             self.model = _load(meta["path"], dtype=meta["dtype"], verify=meta["verify"], mesh=self.mesh)
         except CheckpointError as e:  # every process raised (checkpoint.load agrees): the leader sends stop
