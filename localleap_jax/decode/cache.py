@@ -1,7 +1,7 @@
 """Cache policies: what each forward pass of the loop computes, and what it keeps for the next.
 
     state = policy.init(denoiser, canvas)
-    refresh = policy.refreshes(done, step_in_block, block)   # this pass refreshes what the policy keeps
+    refresh = policy.refreshes(done, starting, block)        # this pass refreshes what the policy keeps
     hidden = policy.forward(denoiser, canvas, x, block, state, refresh, want_region, done)
 
 `hidden.block` are the hidden states that predict each row's current block; `hidden.region` those that
@@ -15,7 +15,10 @@ None). A new mode is a new policy object here; the loop never branches on which 
   block   block diffusion's exact cache (SDAR): attention is block-causal, so the K/V of a finished block
           never change. The prompt's whole blocks are prefilled once; each pass runs only the current
           block; a finished block's K/V are stored by the next block's first pass, which runs both blocks
-          (SDAR's loop spends a separate forward on that store). Rows advance on their own.
+          (SDAR's loop spends a separate forward on that store). Rows advance on their own. With a logits shift
+          (Fast-dLLM v2) the store is a pass of its own, which also yields the next block's first token.
+  subblock  Fast-dLLM v2's approximate sub-block cache: as block, but a pass inside a sub-block whose first
+          position is decoded runs only the sub-block over the block's stale K/V (decided per row).
 
 With Fast-dLLM's caches (prefix, dual) the rows advance through blocks together (`advances`), so one
 full-canvas refresh per block serves the whole batch. The cost: a row that fills its block early waits (no commits, no NFE) while
@@ -54,8 +57,10 @@ class CachePolicy(Protocol):
 
     def init(self, denoiser, canvas: Canvas) -> Any: ...
 
-    def refreshes(self, done: Bool[Array, "B"], step_in_block: Int[Array, "B"], block: Int[Array, "B"]
-                  ) -> Bool[Array, ""]: ...
+    def refreshes(self, done: Bool[Array, "B"], starting: Bool[Array, "B"], block: Int[Array, "B"]
+                  ) -> Bool[Array, ""]:
+        """Whether this pass refreshes what the policy keeps; `starting`: rows whose pass is the first of their block."""
+        ...
 
     def forward(self, denoiser, canvas: Canvas, x: Int[Array, "B L"], block: Block, state: Any,
                 refresh: Bool[Array, ""], want_region: bool, done: Bool[Array, "B"]) -> Hidden: ...
@@ -96,7 +101,7 @@ class NoCache:
     def advances(self, done, block_full):
         return block_full & ~done, block_full
 
-    def refreshes(self, done, step_in_block, block):
+    def refreshes(self, done, starting, block):
         return jnp.bool_(True)
 
     def forward(self, denoiser, canvas, x, block, state, refresh, want_region, done):
@@ -123,8 +128,8 @@ class _RefreshedPerBlock:
         moved = jnp.all(done | block_full)
         return jnp.broadcast_to(moved & ~done, block_full.shape), moved
 
-    def refreshes(self, done, step_in_block, block):
-        return jnp.any(~done & (step_in_block == 0))
+    def refreshes(self, done, starting, block):
+        return jnp.any(~done & starting)
 
     def forward(self, denoiser, canvas, x, block, state, refresh, want_region, done):
         def full(_):  # its K/V become the cache for the whole block
@@ -209,6 +214,10 @@ class BlockCache:
     only on itself and earlier blocks, so they are exact) and the current one. Every other pass runs the
     current block alone. The window's K/V are always written to the cache; the current block's are rewritten
     by every pass until its final tokens are stored.
+
+    With a logits shift (Fast-dLLM v2) the block's first position is predicted from the position before it, which
+    the one-block window takes as one more query (its K/V stay the cache's). That prediction cannot see the block:
+    the loop commits it as the block's free token in the store pass (loop.py), as the authors do.
     """
 
     name: ClassVar[str] = "block"
@@ -235,23 +244,87 @@ class BlockCache:
     def advances(self, done, block_full):
         return block_full & ~done, block_full
 
-    def refreshes(self, done, step_in_block, block):
-        return jnp.any(~done & (step_in_block == 0) & (block > 0))
+    def refreshes(self, done, starting, block):
+        return jnp.any(~done & starting & (block > 0))
 
     def forward(self, denoiser, canvas, x, block, state, refresh, want_region, done):
-        T, B = canvas.block_length, canvas.batch
-
-        def run(width):  # the window: the `width` blocks ending with the current one (static shape)
-            def go(_):
-                win = (block.starts - (width - 1) * T)[:, None] + jnp.arange(width * T)
-                write = CacheWrite(win[:, 0], jnp.ones((B, width * T), bool))
-                h, cache = denoiser.window_stored(rows_take(x, win), rows_take(canvas.positions, win),
-                                                  canvas.key_mask, state, write)
-                return h[:, -T:], cache
-            return go
-
-        h_block, cache = jax.lax.cond(refresh, run(2), run(1), None)
+        h_block, cache = jax.lax.cond(refresh, block_window(denoiser, canvas, x, block, 2),
+                                      block_window(denoiser, canvas, x, block, 1), state)
         return Hidden(h_block, None, cache)
+
+
+def block_window(denoiser, canvas: Canvas, x: Int[Array, "B L"], block: Block, width: int,
+                 rows: Bool[Array, "B"] | None = None):
+    """A pass over the `width` blocks ending with each row's current one (static shape), and with a logits shift
+    (width 1) the position before them: cache -> (the hidden states that predict the block [B, T, D], the cache
+    with the window's K/V written, for `rows` only when given)."""
+    T, B, shift = canvas.block_length, canvas.batch, canvas.shift
+    extra = shift if width == 1 else 0  # a two-block window already holds the position before the block
+    n = width * T + extra
+
+    def go(cache):
+        win = (block.starts - (width - 1) * T - extra)[:, None] + jnp.arange(n)
+        fresh = jnp.broadcast_to(jnp.arange(n) >= extra, (B, n))
+        if rows is not None:
+            fresh = fresh & rows[:, None]
+        h, cache = denoiser.window_stored(rows_take(x, win), rows_take(canvas.positions, win), canvas.key_mask,
+                                          cache, CacheWrite(win[:, 0], fresh))
+        return h[:, n - T - shift:n - shift], cache
+    return go
+
+
+@dataclasses.dataclass(frozen=True)
+class SubBlockCache(BlockCache):
+    """Fast-dLLM v2's approximate sub-block cache (`use_block_cache=True`), decided per row: a row runs its whole
+    block when its block cache is empty (its first pass in the block after the store pass) or when its current
+    sub-block's first position is a mask; otherwise only the sub-block runs, reading the other sub-blocks' K/V as
+    its last whole-block pass left them (stale: approximate; exact on one layer) and writing its own. The authors
+    decide per batch (a whole-block pass when any row needs one), which makes a row's tokens depend on its batch;
+    here a pass where rows differ runs both windows and each row takes its own. Its state: the K/V cache, and the
+    block each row last ran whole (its block cache's)."""
+
+    sub_block_length: int = 8
+    name: ClassVar[str] = "subblock"
+
+    def init(self, denoiser, canvas):
+        return super().init(denoiser, canvas), jnp.full((canvas.batch,), -1, jnp.int32)
+
+    def refill(self, denoiser, canvas, state, rows):
+        kv, primed = state
+        return super().refill(denoiser, canvas, kv, rows), jnp.where(rows, -1, primed)
+
+    def forward(self, denoiser, canvas, x, block, state, refresh, want_region, done):
+        kv, primed = state
+        T, S, B, shift = canvas.block_length, self.sub_block_length, canvas.batch, canvas.shift
+        is_mask = block.tokens == canvas.mask_id
+        sub = jnp.argmax(is_mask.reshape(B, T // S, S).any(axis=2), axis=1)  # the first sub-block holding a mask
+        sub_start = block.starts + sub * S
+        # a free-token pass (loop.py): it stores the block before, or reads the prompt's end; the block is all masks
+        storing = is_mask[:, 0] & ((block.starts > canvas.first_start) | (canvas.first_start == canvas.prompt_length))
+        whole = storing | (primed != block.starts) | is_mask[jnp.arange(B), sub * S]
+
+        def narrow(cache):  # the sub-block alone (and the position before it, with a shift), over the cache
+            n = S + shift
+            win = (sub_start - shift)[:, None] + jnp.arange(n)
+            fresh = (jnp.arange(n) >= shift)[None, :] & ~whole[:, None]
+            h, cache = denoiser.window_stored(rows_take(x, win), rows_take(canvas.positions, win), canvas.key_mask,
+                                              cache, CacheWrite(win[:, 0], fresh))
+            at = sub[:, None] * S + jnp.arange(S)  # put the sub-block's states at their places in the block
+            return jnp.zeros((B, T, h.shape[-1]), h.dtype).at[jnp.arange(B)[:, None], at].set(h[:, :S]), cache
+
+        def wide(cache):
+            return jax.lax.cond(refresh, block_window(denoiser, canvas, x, block, 2, whole),
+                                block_window(denoiser, canvas, x, block, 1, whole), cache)
+
+        def both(cache):
+            h_wide, cache = wide(cache)
+            h_narrow, cache = narrow(cache)
+            return jnp.where(whole[:, None, None], h_wide, h_narrow), cache
+
+        some, every = jnp.any(whole & ~done), jnp.all(whole | done)
+        h_block, kv = jax.lax.cond(some, lambda c: jax.lax.cond(every, wide, both, c), narrow, kv)
+        # a row's block cache is filled by a whole-block pass over its block (not by a store pass: the block is masks)
+        return Hidden(h_block, None, (kv, jnp.where(whole & ~storing, block.starts, primed)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,9 +342,10 @@ class ProbedNoCache(NoCache):
         return Hidden(h_block, h_region, (), held_out)
 
 
-CACHE_POLICIES: dict[str, CachePolicy] = {p.name: p for p in (NoCache(), PrefixCache(), DualCache(), BlockCache())}
+CACHE_POLICIES: dict[str, CachePolicy] = {p.name: p for p in (NoCache(), PrefixCache(), DualCache(), BlockCache(),
+                                                               SubBlockCache())}
 # The modes that fit each kind of attention: Fast-dLLM's caches approximate a bidirectional model; the block
 # cache is exact only where attention is block-causal (and there "none" recomputes the same K/V every pass).
 BIDIRECTIONAL_CACHES = ("none", "prefix", "dual")
-BLOCK_CAUSAL_CACHES = ("block", "none")
+BLOCK_CAUSAL_CACHES = ("block", "subblock", "none")
 CACHE_MODES = tuple(CACHE_POLICIES)

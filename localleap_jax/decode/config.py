@@ -16,11 +16,12 @@ import numpy as np
 
 from localleap_jax import rules
 from localleap_jax.decode.cache import (BIDIRECTIONAL_CACHES, BLOCK_CAUSAL_CACHES, CACHE_MODES, CACHE_POLICIES,
-                                       ProbedNoCache)
+                                       ProbedNoCache, SubBlockCache)
 from localleap_jax.decode.loop import LoopSettings
 from localleap_jax.decode.recorder import NoRecorder, TraceRecorder
 from localleap_jax.decode.step import Scoring
 from localleap_jax.decode.stop import NeverStop, StopAtEos
+from localleap_jax.families import FAMILIES
 from localleap_jax.rules import DecodeError, RuleTraits
 from localleap_jax.rules.registry import value_to_json
 
@@ -46,6 +47,9 @@ class DecodeConfig:
     # schedule's exact count; a user's revoking rule gets gen_length unless it says more. Rows that reach it stop
     # with masks left: `out.hit_bound`.
     max_passes: int | None = None
+    # The rule commits in sub-blocks of this many positions of each block, in order (Fast-dLLM v2's small blocks).
+    # None: the model family's own (Fast-dLLM v2: 8; others have none); refused for a family without sub-blocks.
+    sub_block_length: int | None = None
 
     def __new__(cls, *args, **fields):
         # The settings DecodeConfig once took beside a rule's name are the rule's own now: say so, not just TypeError.
@@ -131,11 +135,38 @@ class DecodeConfig:
         if self.max_passes is not None and (isinstance(self.max_passes, bool) or
                                             not isinstance(self.max_passes, (int, np.integer)) or self.max_passes < 1):
             bad(f"max_passes={self.max_passes!r} must be a positive whole number (or None: the rule's own bound)")
+        self._check_sub_blocks(model)
         # On a block grid the blocks per row depend on the prompt: `steps` is checked with it (check_grid_steps).
         shape = (None, None) if grid or not canvas else (self.gen_length, self.block_length)
         self.rule.validate(*shape)
         self._check_traits(model, grid, canvas)
         return self
+
+    def sub_blocks(self, model=None) -> int:
+        """The sub-block length the rule commits in (0: none, the block is the rule's): sub_block_length, or the
+        model family's default."""
+        if self.sub_block_length is not None:
+            return int(self.sub_block_length)
+        family = FAMILIES.get(model.family) if model is not None else None
+        return family.sub_block_length if family is not None else 0
+
+    def _check_sub_blocks(self, model) -> None:
+        S, mode = self.sub_block_length, self.cache_mode(model)
+        family = FAMILIES.get(model.family) if model is not None else None
+        if S is not None:
+            if isinstance(S, bool) or not isinstance(S, (int, np.integer)) or S < 1:
+                raise DecodeError(f"sub_block_length={S!r} must be a positive whole number (or None: the family's)")
+            if family is not None and not family.sub_block_length:
+                raise DecodeError(f"sub_block_length={S}: {family.title} decodes whole blocks (sub-blocks are "
+                                  "Fast-dLLM v2's); leave it None")
+        S = self.sub_blocks(model)
+        if S and self.block_length % S:
+            raise DecodeError(f"sub_block_length={S} does not divide block_length={self.block_length}")
+        if S and (self.traits.region != "block" or self.traits.probes):
+            raise DecodeError(f"{self.rule.name} sees more than the block: it cannot run in sub-blocks")
+        if mode == "subblock" and (not S or S >= self.block_length):
+            raise DecodeError("cache='subblock' reuses a block's K/V between its sub-blocks: it needs sub-blocks "
+                              "(a Fast-dLLM v2 model, sub_block_length < block_length); use 'block'")
 
     def _check_traits(self, model, grid: bool, canvas: bool) -> None:
         """What the rule's region, probes and pass bound need of the rest of the config (refused in one line)."""
@@ -170,21 +201,29 @@ class DecodeConfig:
         """The compile-time part, assembled: the canvas, how logits are scored, the rule's traits and the loop's
         pieces (for `model`, a ModelConfig: its attention decides the block grid and what cache "auto" means).
         The cache policy is chosen here and only here: the probed pass when the rule probes, else the cache mode's."""
-        cache = ProbedNoCache() if self.traits.probes else CACHE_POLICIES[self.cache_mode(model)]
+        S = self.sub_blocks(model)
+        S = S if 0 < S < self.block_length else 0
+        mode = self.cache_mode(model)
+        cache = (ProbedNoCache() if self.traits.probes else SubBlockCache(S) if mode == "subblock"
+                 else CACHE_POLICIES[mode])
+        grid = bool(model is not None and model.block_causal)
         return LoopSettings(
             self.gen_length, self.block_length,
             Scoring(float(self.temperature), bool(self.logits_eos_inf), bool(self.confidence_eos_eot_inf)),
             cache=cache,
             stop=StopAtEos() if self.early_stop else NeverStop(),
             recorder=TraceRecorder() if trace else NoRecorder(),
-            block_grid=bool(model is not None and model.block_causal),
+            block_grid=grid,
             max_passes=self.pass_bound(),
-            traits=self.traits)
+            traits=self.traits,
+            sub_block_length=S,
+            free_tokens=grid and bool(model.logits_shift))
 
     def fingerprint(self) -> dict[str, Any]:
         """Everything in this config that changes the generated tokens, JSON-able (for resume keys)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("strategy", "prompt_bucket")}
+               if f.name not in ("strategy", "prompt_bucket")
+               and not (f.name == "sub_block_length" and self.sub_block_length is None)}  # resume keys as before
         return {**out, "rule": self.rule.spec()}
 
     def to_json(self) -> dict:

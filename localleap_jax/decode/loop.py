@@ -19,12 +19,12 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from localleap_jax.decode.cache import CachePolicy
-from localleap_jax.decode.canvas import Canvas, rows_take, rows_where
+from localleap_jax.decode.canvas import Block, Canvas, Region, rows_take, rows_where
 from localleap_jax.decode.recorder import Recorder
-from localleap_jax.decode.step import Scoring, denoise_step
+from localleap_jax.decode.step import Scoring, StepResult, denoise_step
 from localleap_jax.decode.stop import StopPolicy
 from localleap_jax.denoiser import Denoiser, SpecialIds
 from localleap_jax.rules import RuleTraits, run_init
@@ -42,6 +42,12 @@ class LoopSettings(NamedTuple):
     block_grid: bool = False  # blocks on each row's grid from its first real token (block diffusion; canvas.py)
     max_passes: int = 0  # the bound on passes (DecodeConfig.max_passes); 0: one per generated position
     traits: RuleTraits = RuleTraits()  # the rule's static traits (rules.traits_of): region, probes, revokes, ...
+    # The rule commits in sub-blocks of this many positions of each block, in order (Fast-dLLM v2); 0: the block.
+    sub_block_length: int = 0
+    # A block-diffusion model with a logits shift (Fast-dLLM v2): a block's first position is predicted from the
+    # position before it, which never sees the block; a row's first pass in a block stores the block before and
+    # commits that prediction (the free token) without the rule. (The first block's, from the prompt, costs no NFE.)
+    free_tokens: bool = False
 
 
 class LoopState(NamedTuple):
@@ -87,40 +93,59 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     region_kind = loop.traits.region  # static: what the rule sees and changes
     block = canvas.block(state.x, state.block)
     region = canvas.region(state.x, block, region_kind)
-    refresh = loop.cache.refreshes(state.done, state.step_in_block, state.block)
+    free = free_pass(state, block, canvas, special) if loop.free_tokens else None
+    starting = state.step_in_block == 0 if free is None else free
+    refresh = loop.cache.refreshes(state.done, starting, state.block)
     hidden = loop.cache.forward(denoiser, canvas, state.x, block, state.cache, refresh,
                                 loop.recorder.wants_region or region_kind == "generated", state.done)
+    h_region = hidden.block if region.valid is None else hidden.region
+    R = loop.sub_block_length or T  # the rule's block: the block, or its current sub-block
+    if loop.sub_block_length:
+        region, h_region = current_sub_block(block, hidden.block, R, special.mask)
     key = None if rng is None else jax.random.fold_in(rng, state.passes)
-    step = denoise_step(denoiser.head, hidden.block if region.valid is None else hidden.region, region.tokens,
-                        state.done, state.step_in_block, rule, state.rule_state, scoring=loop.scoring,
-                        special=special, key=key, gen_length=G, block_length=T, num_blocks=canvas.row_blocks,
-                        valid=region.valid, held_out=hidden.held_out, traits=loop.traits)
+    step = denoise_step(denoiser.head, h_region, region.tokens, state.done, state.step_in_block, rule,
+                        state.rule_state, scoring=loop.scoring, special=special, key=key, gen_length=G,
+                        block_length=R, num_blocks=canvas.row_blocks * (T // R), valid=region.valid,
+                        held_out=hidden.held_out, traits=loop.traits)
+    if free is not None:
+        step = commit_free_tokens(step, free, region.tokens, state.rule_state, forced=len(rule.clause_names) + 1)
     x = state.x.at[jnp.arange(B)[:, None], region.idx].set(step.tokens)
 
-    if region.valid is None:  # the block is the region
+    if loop.sub_block_length:  # the region is a sub-block: the block ends when none of its own is masked
+        block_now = block._replace(tokens=rows_take(x, block.idx))
+        block_full = ~jnp.any(block_now.tokens == special.mask, axis=1)
+    elif region.valid is None:  # the block is the region
         block_full = ~jnp.any(step.tokens == special.mask, axis=1)
         block_now = block._replace(tokens=step.tokens)
     else:  # the block ends when nothing up to its end is masked
         block_full = ~jnp.any((step.tokens == special.mask) & region.valid, axis=1)
         block_now = block._replace(tokens=rows_take(x, block.idx))
     last_block = state.block == canvas.row_blocks - 1
-    stop_here, x = loop.stop.update(x, block_now, block_full, last_block, special, canvas.prompt_length)
+    decoded = block.idx >= canvas.prompt_length  # the prompt's tail in a grid row's first block is not decoded
+    if loop.free_tokens:  # nor is a free token (a block's first position, after the prompt)
+        decoded &= ~((jnp.arange(T) == 0)[None, :] & (block.starts >= canvas.prompt_length)[:, None])
+    stop_here, x = loop.stop.update(x, block_now, block_full, last_block, special, decoded)
     done = state.done | (~state.done & block_full & (last_block | stop_here))
     advance, moved = loop.cache.advances(done, block_full)
     # A row entering a new block starts afresh. (A row with no candidates is done, or waits with a full
     # block for the batch to advance, which resets it: what its update did meanwhile is never read.)
     # A rule whose state spans blocks (Saber's threshold history) keeps it through passes in which its row does not
     # work (waiting for the batch to move, with a cache), as the row alone would never have run them.
-    rule_state = (rows_where(advance, at.rule_state0, step.rule_state) if loop.traits.resets_state
+    # With sub-blocks the rule's block is the sub-block: a filled one restarts it too.
+    restart = advance | ~jnp.any(step.tokens == special.mask, axis=1) if loop.sub_block_length else advance
+    rule_state = (rows_where(restart, at.rule_state0, step.rule_state) if loop.traits.resets_state
                   else rows_where(step.working, step.rule_state, state.rule_state))
+    stepped = step.working if free is None else step.working & ~free  # a free token is not a step of the rule
+    counted = step.working if free is None else step.working & ~(free & (state.block == 0))  # the prompt's: no NFE
     record = loop.recorder.update(state.record, denoiser.head, hidden.region, region, step, state.nfe,
                                   canvas.prompt_length, loop.scoring, special)
     return LoopState(
         x=x,
         block=jnp.where(advance, state.block + 1, state.block),
-        step_in_block=jnp.where(moved | done, 0, state.step_in_block + step.working.astype(jnp.int32)),
+        step_in_block=jnp.where((moved | done | restart) if loop.sub_block_length else (moved | done), 0,
+                                state.step_in_block + stepped.astype(jnp.int32)),
         done=done,
-        nfe=state.nfe + step.working.astype(jnp.int32),
+        nfe=state.nfe + counted.astype(jnp.int32),
         passes=state.passes + 1,
         full_passes=state.full_passes + refresh.astype(jnp.int32),
         cache=hidden.cache,
@@ -130,15 +155,45 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     ), moved
 
 
+def free_pass(state: LoopState, block: Block, canvas: Canvas, special: SpecialIds) -> Bool[Array, "B"]:
+    """Rows whose pass is their block's store pass (a logits shift on a block grid): the block's first position is
+    still a mask and the position before it is decoded (a block after the first, or a first one starting on the
+    grid, after the prompt)."""
+    after_prompt = canvas.first_start == canvas.prompt_length
+    return ~state.done & (block.tokens[:, 0] == special.mask) & ((state.block > 0) | after_prompt)
+
+
+def current_sub_block(block: Block, hidden: Float[Array, "B T D"], S: int, mask_id: int
+                      ) -> tuple[Region, Float[Array, "B S D"]]:
+    """Each row's first sub-block of S positions that holds a mask (sub-blocks are decoded in order), as the rule's
+    region, and the hidden states that predict it."""
+    B, T = block.tokens.shape
+    masked = (block.tokens == mask_id).reshape(B, T // S, S).any(axis=2)
+    at = jnp.argmax(masked, axis=1)[:, None] * S + jnp.arange(S)
+    return Region(rows_take(block.idx, at), rows_take(block.tokens, at), None), rows_take(hidden, at)
+
+
+def commit_free_tokens(step: StepResult, free: Bool[Array, "B"], tokens: Int[Array, "B R"], rule_state, *,
+                       forced: int) -> StepResult:
+    """In a store pass a row commits its region's first position (its block's first: the free token), with the
+    loop's own clause code, and nothing else; its rule did not step (its state is kept)."""
+    first = free[:, None] & (jnp.arange(tokens.shape[1]) == 0)
+    code = jnp.where(free[:, None], jnp.where(first, jnp.int8(forced), jnp.int8(0)), step.code)
+    remask = None if step.remask is None else jnp.where(free[:, None], jnp.int8(0), step.remask)
+    return step._replace(code=code, tokens=jnp.where(free[:, None], jnp.where(first, step.pred, tokens), step.tokens),
+                         rule_state=rows_where(free, rule_state, step.rule_state), remask=remask)
+
+
 def initial_state(denoiser: Denoiser, canvas: Canvas, rule, *, loop: LoopSettings) -> tuple[LoopState, Pass]:
     """The state before the first pass, and the pass's fixed pieces, for the rows of `canvas`."""
     B = canvas.batch
-    region = loop.gen_length if loop.traits.region == "generated" else loop.block_length
+    region = loop.gen_length if loop.traits.region == "generated" else loop.sub_block_length or loop.block_length
     rule_state0 = run_init(rule, B, region, denoiser.vocab)
     zeros = jnp.zeros((B,), jnp.int32)
     state = LoopState(canvas.x0, zeros, zeros, jnp.zeros((B,), bool), zeros, jnp.int32(0), jnp.int32(0),
                       loop.cache.init(denoiser, canvas), rule_state0,
-                      loop.recorder.init(B, loop.gen_length, loop.max_passes or loop.gen_length),
+                      loop.recorder.init(B, loop.gen_length, row_bound(loop, canvas) if loop.free_tokens
+                                         else loop.max_passes or loop.gen_length),  # store passes: more than G
                       zeros if loop.traits.revokes else ())
     return state, Pass(canvas, rule, rule_state0)
 
