@@ -6,7 +6,7 @@ loop in PyTorch with a real KV cache, same weights, prompts and rule, measured s
     .venv/bin/python experiments/bench_sdar.py --strategies dynamic --torch-attn eager
 
 The model is random (a "tiny-ish" Qwen3/SDAR checkpoint written to a temp dir with a BPE tokenizer from
-`make_tokenizer(..., family="sdar")`, converted by `convert.sdar`, loaded by `ll.load` in fp32; the torch twin is
+`make_tokenizer(..., family="sdar")`, converted by `localleap_jax.convert_hf`, loaded by `ll.load` in fp32; the torch twin is
 `reference_sdar.sdar_torch_model`, transformers' Qwen3ForCausalLM with the same tensors). The head is sharpened
 (--head-scale) so confidences spread over (0, 1) and dynamic's threshold branch fires.
 
@@ -78,6 +78,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import localleap_jax as ll  # noqa: E402
+from localleap_jax import cli  # noqa: E402
 from oracles import sdar as reference_sdar  # noqa: E402
 
 torch.set_num_threads(N_THREADS)
@@ -95,7 +96,7 @@ JAX_RULES = {"dynamic": "low_confidence_dynamic", "low_confidence": "low_confide
 def build(args, workdir: Path):
     from helpers import random_sdar_tensors, tiny_sdar_config, write_hf_checkpoint
 
-    from convert.sdar import convert
+    from localleap_jax.convert_hf import convert
     from localleap_jax.synthetic_math import take
     from localleap_jax.tokenizer import make_tokenizer
 
@@ -235,7 +236,7 @@ def median(xs):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gen-length", type=int, default=64)
     ap.add_argument("--prompt-length", type=int, default=29)
     ap.add_argument("--batch-sizes", default="1,8")
@@ -343,4 +344,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run_command(main))

@@ -11,7 +11,7 @@ logging and progress bars come before it. `command` starts with a program alias 
 `--output {out}` unless they name their own. `error` is a regular expression searched in the line after
 "error: ". After every row, {out} does not exist and nothing under {tmp} changed.
 
-How a row runs. The command line's own entry (`convert.llada.main`, `eval_gsm8k.main`, the adapter's `main`:
+How a row runs. The command line's own entry (`convert.main`, `eval_gsm8k.main`, the adapter's `main`:
 what `python PROGRAM ...` calls) runs the row's argv in this process, its stderr captured at the file
 descriptor (`in_process`): the exit status is what the interpreter would exit with (main's return value or
 its SystemExit), an exception escaping main fails the test (that is a traceback), warnings print to stderr
@@ -59,13 +59,13 @@ def _run(*args, timeout=300, env=None):
 
 
 def _convert_main(family):
-    import importlib
+    from convert import main
 
-    return importlib.import_module(f"convert.{family}").main  # what `python -m convert.FAMILY` calls
+    return lambda argv: main([*argv, "--family", family])  # what `python -m convert ... --family FAMILY` calls
 
 
 def _eval_main():
-    import eval_gsm8k
+    from localleap_jax.commands import eval_gsm8k
 
     return eval_gsm8k.main  # `python experiments/eval_gsm8k.py` runs sys.exit(main())
 
@@ -246,7 +246,7 @@ DREAM_CASES = [
 ]
 
 
-# These rows run as `python -m convert.FAMILY ...` in a process of their own (one per entry point).
+# These rows run as `python -m convert ... --family FAMILY` in a process of their own (one per family).
 CONVERT_REAL_PROCESS = {"d_model-string", "pad-outside"}
 assert CONVERT_REAL_PROCESS <= {c[0] for c in LLADA_CASES} | {c[0] for c in DREAM_CASES}
 
@@ -263,7 +263,7 @@ def test_bad_input_is_one_error_line_and_leaves_nothing(request, tmp_path, capfd
         mutate(src)
     argv = [src, tmp_path / "out", "--quiet", *extra]
     if case in CONVERT_REAL_PROCESS:
-        r = _run("-m", f"convert.{family}", *argv)
+        r = _run("-m", "convert", *argv, "--family", family)
     else:
         r = in_process(_convert_main(family), argv, capfd, compile_cache_dir)
     lines = r.stderr.strip().splitlines()
@@ -369,7 +369,7 @@ SIGNALS = [(m, "SIGINT") for m in MOMENTS] + [("orbax-write", "SIGTERM"), ("copy
 def test_ctrl_c_at_any_moment_leaves_no_partial_directory(tmp_path, big_source, moment, signame):
     stage, delay = MOMENTS[moment]
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "convert.llada", str(big_source), str(out), "--quiet"], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "convert", str(big_source), str(out), "--quiet"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     t0 = time.monotonic()
     while proc.poll() is None and _stage(tmp_path) != stage and time.monotonic() - t0 < 120:

@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import eval_gsm8k
 import localleap_jax as ll
 from helpers import REPO, SHARED
 from localleap_jax.checkpoint import EMBEDDED
+from localleap_jax.commands import eval_gsm8k
 from localleap_jax.gsm8k import OutputDir, UserError, local_task
 
 pytestmark = pytest.mark.usefixtures("lm_eval_env_report_once")  # conftest: torch's environment report once
@@ -183,10 +183,11 @@ def test_resume_follows_the_weights_not_the_checkpoint_path(tmp_path, capsys):
     assert _batches_generated(capsys.readouterr().out) == 0  # the same weights elsewhere: nothing to redo
 
 
-def _default_outputs(main, repo_attr_holder, root, checkpoints, capfd, monkeypatch, parent):
-    """The default --output each checkpoint's run names: PARENT is made a file, so each run stops there in one line
-    (before loading anything) naming the directory it would have used."""
-    monkeypatch.setattr(repo_attr_holder, "REPO", root)
+def _default_outputs(main, root, checkpoints, capfd, monkeypatch, parent):
+    """The default --output each checkpoint's run names, run from ROOT (defaults are under the current directory):
+    PARENT is made a file, so each run stops there in one line (before loading anything) naming the directory it
+    would have used."""
+    monkeypatch.chdir(root)
     (root / parent).parent.mkdir(parents=True, exist_ok=True)
     (root / parent).write_text("")
     named = []
@@ -207,8 +208,7 @@ def test_two_checkpoints_of_one_name_get_default_outputs_of_their_own(tmp_path, 
     shutil.copytree(EMBEDDED, a)
     shutil.copytree(EMBEDDED, copy)
     _other_model(b)
-    named = _default_outputs(eval_gsm8k.main, eval_gsm8k, tmp_path, [a, b, copy], capfd, monkeypatch,
-                             "runs/eval_gsm8k")
+    named = _default_outputs(eval_gsm8k.main, tmp_path, [a, b, copy], capfd, monkeypatch, "runs/eval_gsm8k")
     assert named[0] != named[1] and all(re.fullmatch(r".*/model-[0-9a-f]{8}", n) for n in named), named
     assert named[2] == named[0]  # the same weights elsewhere: the same directory, so a rerun resumes
 

@@ -31,7 +31,7 @@ STRATEGIES = {  # name: (DecodeConfig fields, the Fast-dLLM loop's commit-rule a
 @pytest.fixture(scope="module")
 def embedded():
     """(model, its torch twin, 16 test prompts of PROMPT_LENGTH tokens as int32 [16, P])."""
-    import synthetic_math
+    from localleap_jax import synthetic_math
     from localleap_jax.families import hf_tensors
 
     model = ll.load(ll.checkpoint.EMBEDDED, dtype="float32")

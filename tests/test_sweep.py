@@ -13,11 +13,10 @@ import shutil
 
 import pytest
 
-import eval_gsm8k
-import sweep
+from localleap_jax.commands import eval_gsm8k, sweep
+from localleap_jax.commands.sweep import Point, best_within, compare_frontiers, frontier
 from localleap_jax.compile_cache import compiled_programs, forget_compiled
 from localleap_jax.gsm8k import UserError
-from sweep import Point, best_within, compare_frontiers, frontier
 
 pytestmark = pytest.mark.usefixtures("lm_eval_env_report_once")  # conftest: torch's environment report once
 

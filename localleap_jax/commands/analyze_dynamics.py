@@ -26,22 +26,20 @@ import argparse
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "experiments"))
 
-from localleap_jax.gsm8k import RULES_HELP, UserError, load_user_rules, model_defaults, read_gsm8k_jsonl  # noqa: E402
+from localleap_jax import cli
+from localleap_jax.gsm8k import RULES_HELP, UserError, load_user_rules, model_defaults, read_gsm8k_jsonl
 
 GENERATION_FLAGS = ("checkpoint", "data", "limit", "strategy", "rules", "gen_length", "block_length", "batch_size",
                     "cache", "early_stop", "dtype", "no_compile_cache")
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(prog="python experiments/analyze_dynamics.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", help="converted checkpoint directory (default: the embedded small model)")
     ap.add_argument("--data", help="GSM8K-format JSONL (question, answer) (default: the embedded model's held-out "
                                    "synthetic split)")
@@ -242,7 +240,7 @@ def load_traces(files: list[Path]):
 
 def analyse(files: list[Path], out: Path, row: int) -> dict:
     """Every figure and DIR/dynamics.json from trace files; returns dynamics.json's dict."""
-    import plots
+    from localleap_jax.commands import plots
     from localleap_jax import dynamics as dyn
 
     trace, texts, meta = load_traces(files)
@@ -282,11 +280,12 @@ def print_headline(result: dict) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        return run(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return cli.run_command(lambda: run(args), interrupted)
+
+
+def interrupted(why: str) -> str:
+    return (f"interrupted ({why}): the finished batches' traces are kept in OUT/traces; rerun the same command to "
+            "go on from them")
 
 
 def run(args) -> int:
@@ -303,6 +302,3 @@ def run(args) -> int:
     print(f"\nwrote {out / 'dynamics.json'} and {', '.join(result['figures'].values())} in {out}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

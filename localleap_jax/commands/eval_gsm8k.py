@@ -27,22 +27,21 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from localleap_jax import processes  # noqa: E402
-from localleap_jax.checkpoint import EMBEDDED  # noqa: E402
-from localleap_jax.decode import CACHE_MODES, DecodeError  # noqa: E402
-from localleap_jax.dist.multihost import leading, mesh_for_run  # noqa: E402
-from localleap_jax.gsm8k import (EXIT_ERROR, RULES_HELP, EvalSettings, OneLineParser, Progress,  # noqa: E402
-                                 UserError, check_gen_length, check_output, collect, config_record, count, default_output,
-                                 default_strategies, exit_status, find_checkpoint, holding, load_model,
-                                 load_user_rules, plan_data, positive, probability, read_model_config, rule_record,
-                                 run_strategy, seed, summarize, write_atomically, write_task)
-from localleap_jax.lm_eval import follow  # noqa: E402
-from localleap_jax.partition import parse_mesh  # noqa: E402
-from localleap_jax.rules import split_specs  # noqa: E402
+from localleap_jax import cli, processes
+from localleap_jax.checkpoint import EMBEDDED
+from localleap_jax.cli import count, positive, probability, seed
+from localleap_jax.decode import CACHE_MODES, DecodeError
+from localleap_jax.dist.multihost import leading, mesh_for_run
+from localleap_jax.gsm8k import (RULES_HELP, EvalSettings, Progress, UserError, check_gen_length, check_output,
+                                 collect, config_record, default_output, default_strategies, exit_status,
+                                 find_checkpoint, holding, load_model, load_user_rules, plan_data, read_model_config,
+                                 rule_record, run_strategy, summarize, write_atomically, write_task)
+from localleap_jax.lm_eval import follow
+from localleap_jax.partition import parse_mesh
+from localleap_jax.rules import split_specs
 
+RUNS = Path("runs") / "eval_gsm8k"  # the default --output's parent, under the current directory
 LLADA_HINT = ("To evaluate LLaDA-8B-Instruct (GPU/TPU, internet for the first run): "
               "python experiments/eval_gsm8k.py --model GSAI-ML/LLaDA-8B-Instruct --limit 200")
 
@@ -55,7 +54,8 @@ def names(text: str) -> list[str]:
 
 
 def parse_args(argv=None):
-    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(prog="python experiments/eval_gsm8k.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--checkpoint", help="converted checkpoint directory (default: the embedded small model)")
     src.add_argument("--model", help="hub id, e.g. GSAI-ML/LLaDA-8B-Instruct: converted once into "
@@ -99,7 +99,7 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
                     help="parameter dtype: auto (fp32 on CPU, bf16 on GPU/TPU), bfloat16, float32")
     ap.add_argument("--output", help="output directory (default runs/eval_gsm8k/<model>-<8 hex of its weights' "
-                    "fingerprint>)")
+                    "fingerprint>, under the current directory)")
     ap.add_argument("--no-compile-cache", action="store_true", help="do not use JAX's persistent compilation cache")
     ap.add_argument("--seed", type=seed, default=0)
     dist = ap.add_argument_group("devices and processes", "every process of a multi-process run runs the same "
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
         mesh = join_processes(args)  # first thing: nothing may touch a JAX backend before the processes are joined
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_ERROR
+        return cli.EXIT_ERROR
     if processes.is_follower():
         return follow(compile_cache=not args.no_compile_cache)  # runs the leader's generations; writes nothing
     progress = Progress()
@@ -195,7 +195,7 @@ def run(args, mesh, progress: Progress) -> int:
                          f" with --cache {cache_mode}" if len(args.caches) > 1 else "")
     check_gen_length(settings.gen_length, path)
     plan = plan_data(args.data, args.fewshot_data, settings.num_fewshot, manifest)
-    out = Path(args.output or default_output(REPO / "runs" / "eval_gsm8k", path, manifest)).expanduser().resolve()
+    out = Path(args.output or default_output(RUNS, path, manifest)).expanduser().resolve()
     check_output(out)
 
     with holding(out, progress):  # held from here on, so a second run is refused before it loads anything
@@ -271,6 +271,3 @@ def write_results(out: Path, summary: dict, rows: list[dict], config: dict) -> N
     write_atomically(out / "samples.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
     write_atomically(out / "summary.json", json.dumps({"strategies": summary, "config": config}, indent=2))
 
-
-if __name__ == "__main__":
-    sys.exit(main())

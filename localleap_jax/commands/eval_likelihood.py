@@ -18,20 +18,18 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from localleap_jax.checkpoint import EMBEDDED  # noqa: E402
-from localleap_jax.gsm8k import (EXIT_ERROR, OneLineParser, UserError, check_output, default_output,  # noqa: E402
-                                 find_checkpoint, load_model, read_model_config)
-from localleap_jax.lm_eval import USER_ERRORS, CacheMismatchError, default_dtype  # noqa: E402
-from localleap_jax.gsm8k.command_line import termination_as_interrupt, whole_number  # noqa: E402
+from localleap_jax import cli
+from localleap_jax.checkpoint import EMBEDDED
+from localleap_jax.cli import whole_number
+from localleap_jax.gsm8k import UserError, check_output, default_output, find_checkpoint, load_model, read_model_config
+from localleap_jax.lm_eval import USER_ERRORS, CacheMismatchError, default_dtype
 
+RESULTS = Path("results")  # the default --output's parent, under the current directory
 # LLaDA's evaluation/eval.sh: (task, few-shot, cfg, mc_num, their --batch_size = the MC mini-batch)
 PAPER_TASKS = [("gpqa_main_n_shot", 5, 0.5, 128, 8), ("truthfulqa_mc2", 0, 2.0, 128, 8),
                ("arc_challenge", 0, 0.5, 128, 8), ("hellaswag", 0, 0.5, 128, 8), ("winogrande", 5, 0.0, 128, 8),
@@ -80,7 +78,8 @@ def parse_tasks(text: str, mc_num: int | None, mc_batch: int | None, cfg: float 
 
 
 def parse_args(argv=None):
-    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(prog="python experiments/eval_likelihood.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default=None, help="converted checkpoint dir or hub id (default: embedded)")
     ap.add_argument("--tasks", default=None, help="'local', 'paper' or NAME[:SHOTS[:CFG[:MC_NUM]]],... "
                                                   "(default: local for the embedded model, else paper)")
@@ -95,7 +94,7 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default=None, help="float32 (default on CPU) or bfloat16")
     ap.add_argument("--seed", type=whole_number(0, "an integer >= 0"), default=0)
     ap.add_argument("--output", default=None, help="output directory (default: results/likelihood-<checkpoint>-<8 hex of its "
-                    "weights' fingerprint>)")
+                    "weights' fingerprint>, under the current directory)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     return ap.parse_args(argv)
 
@@ -113,7 +112,7 @@ def evaluate(args) -> int:
                         "likelihood estimator, and none is served here")
     embedded = path == EMBEDDED
     tasks = parse_tasks(args.tasks or ("local" if embedded else "paper"), args.mc_num, args.mc_batch_size, args.cfg)
-    out = Path(args.output or default_output(REPO / "results", path, manifest, prefix="likelihood-"))
+    out = Path(args.output or default_output(RESULTS, path, manifest, prefix="likelihood-"))
     out = out.expanduser().resolve()
     check_output(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -158,17 +157,9 @@ def evaluate(args) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        with termination_as_interrupt():
-            return evaluate(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("interrupted: the requests scored so far are in OUT/cache; rerun the same command to resume",
-              file=sys.stderr)
-        return 130
+    return cli.run_command(lambda: evaluate(args), interrupted)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def interrupted(why: str) -> str:
+    return f"interrupted ({why}): the requests scored so far are in OUT/cache; rerun the same command to resume"
+

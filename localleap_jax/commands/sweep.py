@@ -50,18 +50,16 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "experiments"))
 
-from localleap_jax.compile_cache import compiled_programs  # noqa: E402
-from localleap_jax.decode import CACHE_MODES, DecodeError  # noqa: E402
-from localleap_jax.rules import RULES  # noqa: E402
-from localleap_jax.gsm8k import (RULES_HELP, EvalSettings, OneLineParser, Progress, UserError,  # noqa: E402
-                                 check_gen_length, check_output, collect, config_record, count, exit_status,
-                                 find_checkpoint, holding, load_model, load_user_rules, plan_data, positive,
-                                 read_model_config, rule_record, run_strategy, seed, summarize, write_atomically,
-                                 write_task)
+from localleap_jax import cli
+from localleap_jax.cli import count, positive, seed
+from localleap_jax.compile_cache import compiled_programs
+from localleap_jax.decode import CACHE_MODES, DecodeError
+from localleap_jax.gsm8k import (RULES_HELP, EvalSettings, Progress, UserError, check_gen_length, check_output,
+                                 collect, config_record, exit_status, find_checkpoint, holding, load_model,
+                                 load_user_rules, plan_data, read_model_config, rule_record, run_strategy, summarize,
+                                 write_atomically, write_task)
+from localleap_jax.rules import RULES
 
 # The rules a sweep runs when --strategies names none; any registered rule may be named (--rules adds a user's).
 RULE_NAMES = ("low_confidence", "threshold", "localleap", "factor", "eb", "margin", "entropy", "klass", "stable")
@@ -124,7 +122,8 @@ METRIC = "accuracy_strict"  # what the frontiers and Figure 4 plot (lm-eval's st
 
 
 def parse_args(argv=None):
-    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(prog="python experiments/sweep.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--checkpoint", help="converted checkpoint directory (default: the embedded small model)")
     src.add_argument("--model", help="hub id, converted once and reused (as eval_gsm8k.py --model)")
@@ -597,7 +596,7 @@ def sweep_record(args, grids, eval_settings, path, model, plan, task, results, p
 
 
 def write_outputs(out: Path, record: dict, rows: list[dict], pareto: dict, series) -> None:
-    import plots
+    from localleap_jax.commands import plots
 
     plots.pareto_plot(out / "pareto.png", record["points"], record["pareto"], METRIC)
     if series is not None:
@@ -629,6 +628,3 @@ def print_report(record: dict) -> None:
     if "tokens_per_second" in c:
         print(f"  on tokens/s: {sentence(c['tokens_per_second'], 'tokens/s')}")
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -45,14 +45,11 @@ import optax
 import orbax.checkpoint as ocp
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import synthetic_math  # noqa: E402
-
-from localleap_jax import checkpoint  # noqa: E402
-from localleap_jax.config import ModelConfig  # noqa: E402
-from localleap_jax.model import forward, head, init_params, positions_from_mask, trunk_masked  # noqa: E402
-from localleap_jax.tokenizer import Tokenizer, left_pad, make_tokenizer  # noqa: E402
+from localleap_jax import checkpoint, cli, synthetic_math
+from localleap_jax.config import ModelConfig
+from localleap_jax.errors import UserError
+from localleap_jax.model import forward, head, init_params, positions_from_mask, trunk_masked
+from localleap_jax.tokenizer import Tokenizer, left_pad, make_tokenizer
 
 PROMPT = "Question: {question}\nAnswer:"  # lm-eval's gsm8k doc_to_text, 0-shot
 CHAIN_STRATEGIES = "low_confidence,threshold:kappa=0.5,threshold,localleap"
@@ -295,8 +292,9 @@ def sdar_readme(cfg: TrainConfig, config: ModelConfig, log: dict, init_from: str
             f"```\n{json.dumps(log, indent=2)}\n```\n")
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None) -> int:
+    ap = cli.OneLineParser(prog="python experiments/train_tiny.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="work directory (Orbax training state lives in OUT/train_state)")
     ap.add_argument("--export", help="final checkpoint directory (default OUT/checkpoint)")
     ap.add_argument("--save-every", type=int, default=250,
@@ -336,6 +334,11 @@ def main(argv=None):
                  f"got {cfg.block_length}")
     if cfg.decode_like and args.family == "sdar":
         ap.error("--decode-like is for --family llada (SDAR's objective already denoises block by block)")
+    return cli.run_command(lambda: train(args, cfg, block_size, argv))
+
+
+def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
+    """The run the flags ask for: train (or resume), then export a checkpoint directory."""
     init_from = str(Path(args.init_from).resolve()) if args.init_from else None
     # The run's identity: TrainConfig, plus the new flags only when they are not the default (a LLaDA run from
     # scratch records, and resumes from, exactly what it always has).
@@ -352,7 +355,7 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     saved_cfg = out / "train_config.json"
     if saved_cfg.exists() and json.loads(saved_cfg.read_text()) != run_cfg:
-        sys.exit(f"error: {out} holds a run with a different configuration ({saved_cfg}); use a new --out")
+        raise UserError(f"{out} holds a run with a different configuration ({saved_cfg}); use a new --out")
     saved_cfg.write_text(json.dumps(run_cfg, indent=2))
 
     if init_from and not (out / "tokenizer" / "tokenizer.json").exists():
@@ -375,11 +378,11 @@ def main(argv=None):
         source = checkpoint.load(init_from, dtype="float32")
         for name in ("vocab_size", "mask_token_id", "eos_token_id", "pad_token_id"):
             if getattr(source.config, name) != getattr(config, name):
-                sys.exit(f"error: --init-from {init_from} has {name}={getattr(source.config, name)}, this run "
-                         f"{getattr(config, name)}")
+                raise UserError(f"--init-from {init_from} has {name}={getattr(source.config, name)}, this run "
+                                f"{getattr(config, name)}")
         params, copied, kept = warm_start(params, source.params)
         if not copied:
-            sys.exit(f"error: --init-from {init_from}: no parameter has a matching shape")
+            raise UserError(f"--init-from {init_from}: no parameter has a matching shape")
         warm = {"init_from": args.init_from, "copied_leaves": len(copied), "kept_init": kept}
         print(f"warm start from {init_from}: {len(copied)} leaves copied; kept at init: {', '.join(kept) or 'none'}")
     state = {"params": params, "opt": optimizer.init(params)}
@@ -413,21 +416,22 @@ def main(argv=None):
                 bar.set_postfix(loss=f"{ema:.3f}", lr=f"{float(schedule(step)):.1e}")
             if completed % args.save_every == 0 or completed == cfg.steps:
                 manager.save(completed, args=ocp.args.StandardSave(state))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         # Keep every finished step: save the state now, then let the same command resume from it.
         if completed != manager.latest_step():
             manager.save(completed, args=ocp.args.StandardSave(state), force=True)
         manager.wait_until_finished()
         bar.close()
-        sys.exit(f"interrupted after step {completed}; state saved in {out / 'train_state'}; "
-                 "rerun the same command to resume")
+        print(f"interrupted ({str(e) or 'Ctrl-C'}) after step {completed}; state saved in {out / 'train_state'}; "
+              "rerun the same command to resume", file=sys.stderr)
+        return cli.EXIT_INTERRUPTED
     manager.wait_until_finished()
     seconds = time.time() - t0
 
     export = Path(args.export or out / "checkpoint").resolve()
     if export.exists():
         print(f"{export} exists; not overwriting it")
-        return
+        return 0
     log = {"train_config": dataclasses.asdict(cfg), "train_seconds_this_run": round(seconds, 1),
            "resumed_from_step": start, "exported_at_step": start + len(steps), "hardware": f"{platform.processor() or platform.machine()}, "
            f"{os.cpu_count()} CPU cores, jax {jax.__version__} on {jax.default_backend()}",
@@ -457,7 +461,4 @@ def main(argv=None):
                               | ({"strategies": CHAIN_STRATEGIES} if cfg.task != "math" else {})},
                     readme=readme)
     print(f"wrote {export}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

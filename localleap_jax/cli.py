@@ -1,0 +1,163 @@
+"""What every command line of the project shares: how it reads flags and how it ends.
+
+    from localleap_jax import cli
+
+    def main(argv=None) -> int:
+        ap = cli.OneLineParser(description=__doc__)
+        ap.add_argument("--limit", type=cli.positive)
+        args = ap.parse_args(argv)                      # a bad flag: one `error: ...` line, exit 2
+        return cli.run_command(lambda: work(args), interrupted=lambda why: f"interrupted ({why}); ...")
+
+How a command ends: 0 when it finished; EXIT_ERROR (2) with one `error: ...` line for a mistake a user can fix
+(any `LocalLeapError`, the library's one error base, and any OSError: the environment, not the code: a
+directory that cannot be written, a full disk); EXIT_INTERRUPTED (130, what a shell reports for Ctrl-C) with one
+line saying what was kept, for Ctrl-C, SIGTERM (a scheduler's kill, `timeout`) or SIGHUP (the terminal went
+away). A Ctrl-C while a command is still importing its heavy modules (`guard_startup`) ends it in one line too.
+
+A leaf: it imports nothing of the package but `errors`, so it costs nothing to import before anything heavy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from localleap_jax.errors import LocalLeapError, LostProcessError
+
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+
+# Signals that end a command as Ctrl-C does: a scheduler's kill, `timeout`, a closed terminal or session.
+TERMINATING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+# ---------------------------------------------------------------- flags
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a mistake in one `error: ...` line, exit status 2 (its own prints the usage
+    first)."""
+
+    def error(self, message):
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(EXIT_ERROR)
+
+
+def whole_number(low: int, what: str) -> Callable[[str], int]:
+    """A flag type: an integer >= low; `what` names it in the error ("a positive integer")."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+    return parse
+
+
+positive = whole_number(1, "a positive integer")
+count = whole_number(0, "an integer >= 0")
+
+
+def probability(text: str) -> float:
+    """A flag type: a number in (0, 1] (a confidence threshold)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value <= 1.0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
+def seed(text: str) -> int:
+    """A flag type: a random seed, 0 <= seed < 2**32 (what NumPy and JAX take)."""
+    value = count(text)
+    if value >= 2**32:
+        raise argparse.ArgumentTypeError(f"expected an integer below 2**32, got {value}")
+    return value
+
+
+# ---------------------------------------------------------------- signals
+
+
+def _interrupted_while_starting(signum, frame):
+    # os._exit, not an exception: unwinding out of a half-imported C extension can crash the interpreter.
+    print("error: interrupted before anything was written", file=sys.stderr, flush=True)
+    os._exit(EXIT_INTERRUPTED)
+
+
+def guard_startup() -> None:
+    """Call first thing in a command's `__main__`, before its heavy imports (JAX, lm-eval, transformers: seconds):
+    a Ctrl-C, SIGTERM or SIGHUP meanwhile ends the process in one line (exit 130) instead of a traceback from
+    inside an import. `run_command` lifts the guard when the command's work starts. Signals someone else
+    already handles are left alone."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted_while_starting)
+    for sig in TERMINATING:
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _interrupted_while_starting)
+
+
+def _lift_startup_guard() -> None:
+    for sig in (signal.SIGINT, *TERMINATING):
+        if signal.getsignal(sig) is _interrupted_while_starting:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+
+
+@contextmanager
+def terminating_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt (named after the signal) inside the block, so they end the
+    work as Ctrl-C does: cleaning up as it unwinds, keeping what is done."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+    previous = {sig: signal.signal(sig, interrupt) for sig in TERMINATING}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+# ---------------------------------------------------------------- how a command ends
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line (its lines joined), or its type's name when it has none."""
+    text = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    return text or type(e).__name__
+
+
+def _interrupted(why: str) -> str:
+    return f"interrupted ({why})"
+
+
+def run_command(work: Callable[[], int | None], interrupted: Callable[[str], str] = _interrupted) -> int:
+    """`work()`'s exit status (None: 0), every way it can end in one line on stderr:
+
+    - a LocalLeapError (any mistake the library reports) or an OSError -> `error: <message>`, EXIT_ERROR;
+    - Ctrl-C, SIGTERM or SIGHUP -> `interrupted(why)`, EXIT_INTERRUPTED; `why` is "Ctrl-C", "SIGTERM" or
+      "SIGHUP", and the line says what the command kept.
+
+    A LostProcessError (another process of a multi-process run died) is left to the caller: that process must
+    end through `processes.exit_lost`, without JAX's shutdown barrier. Anything else is a bug: its traceback
+    shows."""
+    _lift_startup_guard()  # from here on, Ctrl-C unwinds (and cleans up) as a KeyboardInterrupt
+    try:
+        with terminating_as_interrupt():
+            status = work()
+        return 0 if status is None else status
+    except LostProcessError:
+        raise
+    except (LocalLeapError, OSError) as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt as e:
+        print(interrupted(str(e) or "Ctrl-C"), file=sys.stderr)
+        return EXIT_INTERRUPTED
