@@ -31,6 +31,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     def work() -> None:
+        cli.check_writable_dir(args.out, "output")  # before reading (or downloading) the source, nothing left behind
         out = convert(args.src, args.out, args.dtype, args.revision, progress=not args.quiet, family=args.family)
         print(f"wrote {out}")
 

@@ -13,6 +13,7 @@ How a command ends: 0 when it finished; EXIT_ERROR (2) with one `error: ...` lin
 directory that cannot be written, a full disk); EXIT_INTERRUPTED (130, what a shell reports for Ctrl-C) with one
 line saying what was kept, for Ctrl-C, SIGTERM (a scheduler's kill, `timeout`) or SIGHUP (the terminal went
 away). A Ctrl-C while a command is still importing its heavy modules (`guard_startup`) ends it in one line too.
+An output directory that cannot be written is found before any work (`check_writable_dir`).
 
 A leaf: it imports nothing of the package but `errors`, so it costs nothing to import before anything heavy.
 """
@@ -24,10 +25,12 @@ import math
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
-from localleap_jax.errors import LocalLeapError, LostProcessError
+from localleap_jax.errors import LocalLeapError, LostProcessError, UserError
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
@@ -82,6 +85,41 @@ def seed(text: str) -> int:
     if value >= 2**32:
         raise argparse.ArgumentTypeError(f"expected an integer below 2**32, got {value}")
     return value
+
+
+# ---------------------------------------------------------------- output paths
+
+
+def check_writable_dir(directory: str | Path, flag: str, named: str | Path | None = None) -> Path:
+    """`directory` (resolved), a directory a command will create or write into, tried before any work: a command
+    whose output cannot be written says so in one line before it starts, not after an hour of work. The try makes
+    the missing directories and a nameless file in it, then removes what it made, so nothing is left behind.
+
+    `flag` and `named` (what the user gave, default `directory`) name the output in the UserError: "--output X is
+    a file, not a directory", "--output X: P is a file, not a directory" (P above X), "--output X: cannot write
+    there (Permission denied)". As root, a read-only directory can be written; a path under a regular file or on a
+    read-only file system cannot."""
+    directory = Path(directory).expanduser().resolve()
+    named = Path(named).expanduser().resolve() if named is not None else directory
+    where = f"{flag} {named}"
+    existing = next(p for p in (directory, *directory.parents) if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"{where} is a file, not a directory" if existing == named else
+                        f"{where}: {existing} is a file, not a directory")
+    made = [p for p in (directory, *directory.parents) if not p.exists()]  # deepest first
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        raise UserError(f"{where}: cannot write there ({e.strerror or e})") from None
+    finally:
+        for p in made:  # empty unless someone else wrote there meanwhile: then theirs stays
+            try:
+                p.rmdir()
+            except OSError:
+                break
+    return directory
 
 
 # ---------------------------------------------------------------- signals

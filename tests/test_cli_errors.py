@@ -567,3 +567,49 @@ def test_bad_input_ends_in_one_line_and_leaves_nothing(inputs, tmp_path, capfd, 
     assert not out.exists(), sorted(p.name for p in out.rglob("*"))
     assert snapshot(inputs) == before
     assert not os.path.exists("/sys/localleap-eval-out")
+
+
+# ---------------------------------------------------------------- an output that cannot be written (issue #40)
+
+# Every command's output and cache paths, each pointed under a regular file ({blocked} = {tmp}/afile/out), which
+# nobody can write under, root included (a directory made read-only with chmod does not stop root): (name, the
+# real program's arguments to python, the error line after "error: ").
+BLOCKED = r"\S*/afile/out\S*: \S*/afile is a file, not a directory$"
+ADAPTER_ARGS = ["-m", "localleap_jax.lm_eval", "--model", "localleap", "--tasks", "gsm8k", "--limit", "1"]
+UNWRITABLE = [
+    ("eval_gsm8k", ["experiments/eval_gsm8k.py", "--checkpoint", "embedded", "--output", "{blocked}"],
+     rf"^--output {BLOCKED}"),
+    ("sweep", ["experiments/sweep.py", "--checkpoint", "embedded", "--output", "{blocked}"], rf"^--output {BLOCKED}"),
+    ("analyze_dynamics", ["experiments/analyze_dynamics.py", "--checkpoint", "embedded", "--output", "{blocked}"],
+     rf"^--output {BLOCKED}"),
+    ("analyze_dynamics-from-traces", ["experiments/analyze_dynamics.py", "--from-traces", "{tmp}/nothing.npz",
+                                      "--output", "{blocked}"], rf"^--output {BLOCKED}"),
+    ("eval_likelihood", ["experiments/eval_likelihood.py", "--output", "{blocked}"], rf"^--output {BLOCKED}"),
+    ("train_tiny-out", ["experiments/train_tiny.py", "--out", "{blocked}", "--steps", "2", "--warmup", "1"],
+     rf"^--out {BLOCKED}"),
+    ("train_tiny-export", ["experiments/train_tiny.py", "--out", "{tmp}/run", "--export", "{blocked}", "--steps", "2",
+                           "--warmup", "1"], rf"^--export {BLOCKED}"),
+    ("convert", ["-m", "convert", "{src}", "{blocked}", "--quiet"], rf"^output {BLOCKED}"),
+    ("adapter-output_path", [*ADAPTER_ARGS, "--model_args", "checkpoint=embedded", "--output_path", "{blocked}"],
+     rf"^--output_path {BLOCKED}"),
+    ("adapter-output_path-json", [*ADAPTER_ARGS, "--model_args", "checkpoint=embedded", "--output_path",
+                                  "{blocked}/results.json"], rf"^--output_path {BLOCKED}"),
+    ("adapter-use_cache", [*ADAPTER_ARGS, "--model_args", "checkpoint=embedded", "--use_cache", "{blocked}"],
+     rf"^--use_cache {BLOCKED}"),
+    ("adapter-stats_path", [*ADAPTER_ARGS, "--model_args", "checkpoint=embedded,stats_path={blocked}/stats.jsonl"],
+     r"^model_args stats_path: cannot write \S*/afile/out/stats.jsonl \(Not a directory\)$"),
+]
+
+
+@pytest.mark.parametrize("name, args, error", UNWRITABLE, ids=[u[0] for u in UNWRITABLE])
+def test_an_output_that_cannot_be_written_ends_in_one_line_before_any_work(tmp_path, hf_checkpoint, name, args,
+                                                                           error):
+    (tmp_path / "afile").write_text("not a directory\n")
+    before = snapshot(tmp_path)
+    argv = [a.format(tmp=tmp_path, blocked=tmp_path / "afile" / "out", src=hf_checkpoint[0]) for a in args]
+    r = _run(*argv, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    lines = r.stderr.strip().splitlines()
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-3000:]
+    assert re.search(error, lines[0][len("error: "):]), lines[0]
+    assert snapshot(tmp_path) == before  # nothing written, nothing left half-made

@@ -289,7 +289,7 @@ def interrupted(why: str) -> str:
 
 
 def run(args) -> int:
-    out = Path(args.output).expanduser().resolve()
+    out = cli.check_writable_dir(args.output, "--output")  # before the model loads, not after its traces
     if args.from_traces:
         given = [f"--{k.replace('_', '-')}" for k in GENERATION_FLAGS if getattr(args, k) is not None]
         if given:

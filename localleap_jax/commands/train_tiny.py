@@ -339,6 +339,9 @@ def main(argv=None) -> int:
 
 def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
     """The run the flags ask for: train (or resume), then export a checkpoint directory."""
+    cli.check_writable_dir(args.out, "--out")  # both before any work, not after the training
+    if args.export:
+        cli.check_writable_dir(Path(args.export).expanduser().resolve().parent, "--export", args.export)
     init_from = str(Path(args.init_from).resolve()) if args.init_from else None
     # The run's identity: TrainConfig, plus the new flags only when they are not the default (a LLaDA run from
     # scratch records, and resumes from, exactly what it always has).

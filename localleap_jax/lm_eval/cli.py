@@ -118,8 +118,19 @@ def prepare(args) -> dict:
     return settings
 
 
+def check_outputs(args) -> None:
+    """What lm-eval will write, tried before it starts: --output_path (a directory, or a .json file's directory;
+    lm-eval writes it at the very end and only warns when it cannot) and --use_cache (PATH_rank<N>.db)."""
+    if getattr(args, "output_path", None):
+        path = Path(args.output_path)
+        cli.check_writable_dir(path.parent if path.suffix == ".json" else path, "--output_path", path)
+    if getattr(args, "use_cache", None):
+        cli.check_writable_dir(Path(args.use_cache).expanduser().resolve().parent, "--use_cache", args.use_cache)
+
+
 def evaluate(harness, args, settings: dict) -> int:
     """lm-eval's run, on process 0 (or the only process); a task whose data cannot be fetched: one line."""
+    check_outputs(args)
     try:
         if settings:
             join_and_mesh(settings)  # a mesh the devices cannot hold is refused now, not after lm-eval's indexing
