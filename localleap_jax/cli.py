@@ -35,6 +35,11 @@ from localleap_jax.errors import LocalLeapError, LostProcessError, UserError
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
+# The model a command runs when none is named (eval_gsm8k, sweep, analyze_dynamics, the lm-eval adapter): the embedded
+# chain model (localleap_jax/assets/tiny-chain), on which one token per pass, a low threshold and LocalLeap score
+# apart. "embedded" is tiny-math (every rule scores alike there), "embedded-sdar" its block-diffusion twin.
+DEFAULT_CHECKPOINT = "embedded-chain"
+
 # Signals that end a command as Ctrl-C does: a scheduler's kill, `timeout`, a closed terminal or session.
 TERMINATING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 

@@ -460,8 +460,8 @@ ROWS = [
     ("gen-length-beyond-the-model", "eval --gen-length 512",
      r"^--gen-length 512 leaves no room for a prompt: the model's max_sequence_length is 512$"),
     ("prompts-too-long", "eval --num-fewshot 40 --limit 3 --strategies threshold",
-     r"^3 of 3 prompts are longer than the 448 tokens the model leaves for a prompt \(max_sequence_length 512 - "
-     r"gen_length 64\), by up to \d+ tokens; pass --truncate-fewshot"),
+     r"^3 of 3 prompts are longer than the 432 tokens the model leaves for a prompt \(max_sequence_length 512 - "
+     r"gen_length 80\), by up to \d+ tokens; pass --truncate-fewshot"),  # the default model: tiny-chain, gen 80
     # the lm-eval command line
     ("adapter-misspelled-key", f"{ADAPTER},kapa=0.9 --tasks gsm8k",
      r"^unknown model_args key 'kapa' \(did you mean 'kappa'\?\); the keys are "),
@@ -613,3 +613,35 @@ def test_an_output_that_cannot_be_written_ends_in_one_line_before_any_work(tmp_p
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-3000:]
     assert re.search(error, lines[0][len("error: "):]), lines[0]
     assert snapshot(tmp_path) == before  # nothing written, nothing left half-made
+
+
+# ---------------------------------------------------------------- the model a command runs when none is named (#40)
+
+# The embedded chain model (tiny-chain), on which the rules score apart, not tiny-math: its manifest's canvas is
+# gen 80, which blocks of 32 do not cut, so each command names it in one line before loading anything (tiny-math's
+# gen 64 would pass). (program arguments, the error line after "error: ")
+DEFAULT_MODEL = [
+    (["experiments/eval_gsm8k.py"], r"^--gen-length 80 is not a multiple of --block-length 32 "),
+    (["experiments/sweep.py"], r"^gen_length=80 is not a multiple of block_length=32$"),
+    (["experiments/analyze_dynamics.py"], r"^--strategy low_confidence: gen_length=80 is not a multiple of "
+                                          r"block_length=32$"),
+]
+
+
+@pytest.mark.parametrize("program, error", DEFAULT_MODEL, ids=[p[0][0].split("/")[-1] for p in DEFAULT_MODEL])
+def test_a_command_given_no_model_runs_the_chain_model(tmp_path, program, error):
+    r = _run(*program, "--block-length", "32", "--output", tmp_path / "out")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-3000:]
+    assert re.search(error, lines[0][len("error: "):]), lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_adapter_given_no_checkpoint_loads_the_chain_model():
+    from localleap_jax.checkpoint import EMBEDDED_CHAIN
+    from localleap_jax.convert_hf import resolve_checkpoint
+    from localleap_jax.lm_eval import parse_model_args
+
+    settings, _ = parse_model_args({})
+    assert settings["checkpoint"] == "embedded-chain" and resolve_checkpoint(settings["checkpoint"]) == EMBEDDED_CHAIN
+    assert resolve_checkpoint("embedded").name == "tiny-math"  # still reachable by name

@@ -376,7 +376,7 @@ def test_two_processes_match_one_write_only_from_process_0_and_resume(tmp_path):
     from localleap_jax.commands import eval_gsm8k
 
     n = 24  # problems: 12 batches of 2, so the leader dies with most of them still to do
-    flags = ["--limit", str(n), "--batch-size", "2", "--strategies", "localleap"]
+    flags = ["--checkpoint", "embedded", "--limit", str(n), "--batch-size", "2", "--strategies", "localleap"]
     reference = tmp_path / "one-process"
     assert eval_gsm8k.main([*flags, "--output", str(reference), "--no-compile-cache"]) == 0
     want = rows_by_id(reference)

@@ -388,7 +388,8 @@ def test_script_end_to_end_on_the_embedded_model(tmp_path, capsys):
     from localleap_jax.tokenizer import cut_at_stop
 
     out = tmp_path / "run"
-    assert analyze_dynamics.main(["--limit", "4", "--batch-size", "2", "--no-compile-cache", "--output", str(out)]) == 0
+    assert analyze_dynamics.main(["--checkpoint", "embedded", "--limit", "4", "--batch-size", "2", "--no-compile-cache",
+                                  "--output", str(out)]) == 0
     files = sorted((out / "traces").glob("*.npz"))
     assert [f.name for f in files] == ["batch-00000.npz", "batch-00001.npz"]
     traces = [load_trace(f) for f in files]
@@ -406,13 +407,15 @@ def test_script_end_to_end_on_the_embedded_model(tmp_path, capsys):
     assert all((out / f"{name}.png").stat().st_size > 2000 for name in ("figure1a", "figure1b", "figure1c", "figure2"))
     # A rerun with the same settings reuses the saved batches (same files, untouched).
     stamps = [f.stat().st_mtime_ns for f in files]
-    assert analyze_dynamics.main(["--limit", "4", "--batch-size", "2", "--no-compile-cache", "--output", str(out)]) == 0
+    assert analyze_dynamics.main(["--checkpoint", "embedded", "--limit", "4", "--batch-size", "2", "--no-compile-cache",
+                                  "--output", str(out)]) == 0
     assert [f.stat().st_mtime_ns for f in files] == stamps
     again = tmp_path / "again"
     assert analyze_dynamics.main(["--from-traces", str(out / "traces"), "--output", str(again)]) == 0
     assert json.loads((again / "dynamics.json").read_text())["stable_within_25pct"] == result["stable_within_25pct"]
     # Fewer problems: the extra batch file goes, so --from-traces DIR stays one run.
-    assert analyze_dynamics.main(["--limit", "2", "--batch-size", "2", "--no-compile-cache", "--output", str(out)]) == 0
+    assert analyze_dynamics.main(["--checkpoint", "embedded", "--limit", "2", "--batch-size", "2", "--no-compile-cache",
+                                  "--output", str(out)]) == 0
     assert [f.name for f in (out / "traces").glob("*.npz")] == ["batch-00000.npz"]
     assert json.loads((out / "dynamics.json").read_text())["rows"] == 2
 
@@ -425,8 +428,8 @@ def test_script_traces_a_users_rule_by_name_and_traces_again_after_an_edit(tmp_p
     from helpers import rules_put_back, write_user_rules
 
     rules, out = write_user_rules(tmp_path / "myrules.py"), tmp_path / "run"
-    args = ["--rules", str(rules), "--strategy", "steady", "--limit", "2", "--batch-size", "2", "--gen-length", "16",
-            "--block-length", "16", "--no-compile-cache", "--output", str(out)]
+    args = ["--checkpoint", "embedded", "--rules", str(rules), "--strategy", "steady", "--limit", "2", "--batch-size",
+            "2", "--gen-length", "16", "--block-length", "16", "--no-compile-cache", "--output", str(out)]
     with rules_put_back():
         assert analyze_dynamics.main(args) == 0
         settings = json.loads((out / "dynamics.json").read_text())["settings"]

@@ -26,8 +26,8 @@ pytestmark = pytest.mark.usefixtures("lm_eval_env_report_once")  # conftest: tor
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("eval")
-    args = ["--limit", "12", "--batch-size", "6", "--strategies", "low_confidence,localleap", "--output", str(out),
-            "--no-compile-cache"]
+    args = ["--checkpoint", "embedded", "--limit", "12", "--batch-size", "6", "--strategies",
+            "low_confidence,localleap", "--output", str(out), "--no-compile-cache"]
     assert eval_gsm8k.main(args) == 0
     return out, args
 
@@ -73,8 +73,8 @@ def test_real_gsm8k_file_runs_through_the_same_path(tmp_path):
     data = tmp_path / "test.jsonl"
     data.write_text("".join((SHARED / "data" / "gsm8k" / "test.jsonl").read_text().splitlines(True)[:3]))
     # a batch of 4 for the 3 problems (the default 32 would decode 29 filler rows: 3x the time, same answers)
-    assert eval_gsm8k.main(["--data", str(data), "--strategies", "threshold", "--batch-size", "4", "--output",
-                            str(tmp_path / "o"), "--no-compile-cache"]) == 0
+    assert eval_gsm8k.main(["--checkpoint", "embedded", "--data", str(data), "--strategies", "threshold",
+                            "--batch-size", "4", "--output", str(tmp_path / "o"), "--no-compile-cache"]) == 0
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["strategies"]["threshold"]["n"] == 3 and summary["config"]["data"] == str(data.resolve())
 
@@ -494,9 +494,9 @@ def test_a_users_rule_file_runs_by_name_and_an_edit_reruns_exactly_it(tmp_path, 
 
 
 def test_the_embedded_chain_model_scores_one_token_per_pass_above_a_low_threshold(tmp_path):
-    """`--checkpoint embedded-chain` (the README main job's model): its manifest's own task (six-step chains),
-    canvas (gen 80) and default strategies, and on its first 64 held-out problems committing everything above
-    0.5 at once loses what one token per pass gets right -- the trade-off the shipped tiny-math cannot show."""
+    """The model `eval_gsm8k.py` runs when none is named (the README main job's, embedded-chain): its manifest's own
+    task (six-step chains), canvas (gen 80) and default strategies, and on its first 64 held-out problems committing
+    everything above 0.5 at once loses what one token per pass gets right -- the trade-off tiny-math cannot show."""
     from localleap_jax.checkpoint import EMBEDDED_CHAIN
     from localleap_jax.gsm8k import default_strategies, read_model_config
     from localleap_jax.rules import split_specs
@@ -509,9 +509,9 @@ def test_the_embedded_chain_model_scores_one_token_per_pass_above_a_low_threshol
     # 64 x 80 passes of one token: in a process of its own, whose XLA optimises as a user's does (the suite's
     # unoptimised programs, set in conftest for its many short tests, run this in twice the time).
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    run = subprocess.run([sys.executable, str(REPO / "experiments" / "eval_gsm8k.py"), "--checkpoint",
-                          "embedded-chain", "--limit", "64", "--strategies", "low_confidence,threshold:kappa=0.5",
-                          "--output", str(out), "--no-compile-cache"], env=env, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, str(REPO / "experiments" / "eval_gsm8k.py"), "--limit", "64",  # no model
+                          "--strategies", "low_confidence,threshold:kappa=0.5", "--output", str(out),
+                          "--no-compile-cache"], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["gen_length"] == 80

@@ -1,6 +1,6 @@
 """Decoding dynamics of a diffusion LM: the paper's Figures 1a, 1b, 1c and 2 from per-pass traces.
 
-    python experiments/analyze_dynamics.py --output runs/dynamics              # embedded model, offline, CPU
+    python experiments/analyze_dynamics.py --output runs/dynamics              # embedded chain model, offline, CPU
     python experiments/analyze_dynamics.py --checkpoint DIR --data test.jsonl --limit 200 --output runs/d
     python experiments/analyze_dynamics.py --strategy localleap --output runs/d-leap
     python experiments/analyze_dynamics.py --rules path/to/myrules.py --strategy steady:k=2 --output runs/d-mine
@@ -40,7 +40,8 @@ GENERATION_FLAGS = ("checkpoint", "data", "limit", "strategy", "rules", "gen_len
 def parse_args(argv=None):
     ap = cli.OneLineParser(prog="python experiments/analyze_dynamics.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", help="converted checkpoint directory (default: the embedded small model)")
+    ap.add_argument("--checkpoint", help="converted checkpoint directory, or embedded-chain (the default: "
+                                         "tiny-chain), embedded (tiny-math), embedded-sdar")
     ap.add_argument("--data", help="GSM8K-format JSONL (question, answer) (default: the embedded model's held-out "
                                    "synthetic split)")
     ap.add_argument("--limit", type=int, help="analyse only the first N problems (default: all of them)")
@@ -160,7 +161,7 @@ def generate_and_save(args, out: Path) -> list[Path]:
     if args.batch_size is not None and args.batch_size <= 0:
         raise UserError(f"--batch-size {args.batch_size}: must be positive")
     try:
-        path = resolve_checkpoint(args.checkpoint)
+        path = resolve_checkpoint(args.checkpoint or cli.DEFAULT_CHECKPOINT)
         manifest = read_manifest(path)
         model_config = ll.ModelConfig.from_json_file(path / "config.json")
     except (ll.CheckpointError, ll.ConfigError) as e:

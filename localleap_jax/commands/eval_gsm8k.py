@@ -1,6 +1,6 @@
 """GSM8K with lm-eval-harness's protocol, decoding strategies side by side.
 
-    python experiments/eval_gsm8k.py                       # the embedded small model, offline, a few minutes on CPU
+    python experiments/eval_gsm8k.py                       # the embedded chain model, offline, ~7 min on 2 CPU cores
     python experiments/eval_gsm8k.py --model GSAI-ML/LLaDA-8B-Instruct          # GPU/TPU: converts once, then reuses
     python experiments/eval_gsm8k.py --checkpoint DIR --data test.jsonl --limit 200
     python experiments/eval_gsm8k.py --rules path/to/myrules.py --strategies steady:k=2,threshold   # your own rule
@@ -29,7 +29,7 @@ from pathlib import Path
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from localleap_jax import cli, processes
-from localleap_jax.checkpoint import EMBEDDED
+from localleap_jax.checkpoint import EMBEDDED_MODELS
 from localleap_jax.cli import count, positive, probability, seed
 from localleap_jax.decode import CACHE_MODES, DecodeError
 from localleap_jax.dist.multihost import leading, mesh_for_run
@@ -57,7 +57,8 @@ def parse_args(argv=None):
     ap = cli.OneLineParser(prog="python experiments/eval_gsm8k.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--checkpoint", help="converted checkpoint directory (default: the embedded small model)")
+    src.add_argument("--checkpoint", help="converted checkpoint directory, or embedded-chain (the default: tiny-chain, "
+                     "where the rules score apart), embedded (tiny-math), embedded-sdar")
     src.add_argument("--model", help="hub id, e.g. GSAI-ML/LLaDA-8B-Instruct: converted once into "
                                      "~/.cache/localleap_jax/checkpoints and reused")
     ap.add_argument("--data", help="GSM8K-format JSONL (question, answer) to evaluate on (default: the embedded "
@@ -179,7 +180,7 @@ def run(args, mesh, progress: Progress) -> int:
     if args.output:
         check_output(Path(args.output).expanduser().resolve())
     load_user_rules(args.rules)  # process 0 only: a follower loads what each generation's message names
-    path, manifest = find_checkpoint(args.model or args.checkpoint)
+    path, manifest = find_checkpoint(args.model or args.checkpoint or cli.DEFAULT_CHECKPOINT)
     config = read_model_config(path)
     args.strategies = args.strategies or split_specs(default_strategies(config, manifest))
     settings = EvalSettings.for_model(
@@ -208,7 +209,7 @@ def run(args, mesh, progress: Progress) -> int:
         write_results(out, summary, samples, config_record(settings, args.cache, path, model, plan, task))
     print_table(summary)
     print(f"\nwrote {out / 'samples.jsonl'} and {out / 'summary.json'}")
-    if path.resolve() == EMBEDDED.resolve():
+    if path.resolve() in {p.resolve() for p in EMBEDDED_MODELS.values()}:
         print(LLADA_HINT)
     return 0
 

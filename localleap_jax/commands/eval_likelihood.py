@@ -1,6 +1,6 @@
 """Multiple-choice tasks scored by log-likelihood (the authors' Monte-Carlo ELBO), through lm-eval.
 
-    python experiments/eval_likelihood.py                          # the embedded model on an offline choice task
+    python experiments/eval_likelihood.py                          # tiny-math on an offline choice task
     python experiments/eval_likelihood.py --checkpoint DIR --tasks paper --limit 200    # LLaDA's task list (hub)
     python experiments/eval_likelihood.py --tasks arc_challenge:0:0.5,piqa --mc-num 128
 
@@ -80,7 +80,8 @@ def parse_tasks(text: str, mc_num: int | None, mc_batch: int | None, cfg: float 
 def parse_args(argv=None):
     ap = cli.OneLineParser(prog="python experiments/eval_likelihood.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", default=None, help="converted checkpoint dir or hub id (default: embedded)")
+    ap.add_argument("--checkpoint", default=None, help="converted checkpoint dir or hub id (default: embedded, "
+                    "tiny-math: the local task is built from its problems)")
     ap.add_argument("--tasks", default=None, help="'local', 'paper' or NAME[:SHOTS[:CFG[:MC_NUM]]],... "
                                                   "(default: local for the embedded model, else paper)")
     ap.add_argument("--limit", type=whole_number(1, "a positive integer"), default=None, help="items per task")

@@ -1,6 +1,6 @@
 """Hyperparameter sweeps of the decoding rules: the paper's Figure 4 and an accuracy/speed Pareto plot.
 
-    python experiments/sweep.py --output runs/sweep                 # embedded model, offline, ~4 min on 2 CPU cores
+    python experiments/sweep.py --output runs/sweep                 # embedded chain model, offline, ~5 min, 2 cores
     python experiments/sweep.py --strategies threshold,localleap --output runs/sweep
     python experiments/sweep.py --grid "localleap:kappa=0.8;0.9,tau=0.6;0.75,radius=2;4" --output runs/sweep
     python experiments/sweep.py --rules path/to/myrules.py --strategies steady,threshold --grid "steady:k=1;2;3" \
@@ -125,7 +125,8 @@ def parse_args(argv=None):
     ap = cli.OneLineParser(prog="python experiments/sweep.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--checkpoint", help="converted checkpoint directory (default: the embedded small model)")
+    src.add_argument("--checkpoint", help="converted checkpoint directory, or embedded-chain (the default: tiny-chain, "
+                     "where the rules score apart), embedded (tiny-math), embedded-sdar")
     src.add_argument("--model", help="hub id, converted once and reused (as eval_gsm8k.py --model)")
     ap.add_argument("--data", help="GSM8K-format JSONL (default: the embedded model's held-out synthetic split)")
     ap.add_argument("--fewshot-data", help="JSONL to draw few-shot examples from (as eval_gsm8k.py)")
@@ -557,7 +558,7 @@ def run(args, progress) -> int:
     # Everything that can be checked cheaply is checked before anything is created or loaded.
     out = Path(args.output).expanduser().resolve()
     check_output(out)
-    path, manifest = find_checkpoint(args.model or args.checkpoint)
+    path, manifest = find_checkpoint(args.model or args.checkpoint or cli.DEFAULT_CHECKPOINT)
     eval_settings = eval_settings_of(args, manifest, read_model_config(path))
     check_gen_length(eval_settings.gen_length, path)
     grids, pareto, series = plan_points(args, eval_settings)
