@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     try:
         mesh = join_processes(args)  # first thing: nothing may touch a JAX backend before the processes are joined
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {cli.one_line(e)}", file=sys.stderr)
         return cli.EXIT_ERROR
     if processes.is_follower():
         return follow(compile_cache=not args.no_compile_cache)  # runs the leader's generations; writes nothing
