@@ -1,4 +1,4 @@
-"""Peak RSS of `python -m convert.llada` on a synthetic multi-shard bf16 checkpoint.
+"""Peak RSS of `python -m convert` on a synthetic multi-shard bf16 checkpoint.
 
     python experiments/bench_convert_memory.py --layers 8 --d-model 1024 --shards 4
 
@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from localleap_jax import cli
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -25,7 +27,6 @@ def write_checkpoint(path: Path, layers: int, d: int, shards: int, vocab: int) -
     import torch
     from safetensors.torch import save_file
 
-    sys.path.insert(0, str(REPO))
     from localleap_jax.tokenizer import make_tokenizer
 
     tok = make_tokenizer(["0 1 2 3 4 5 6 7 8 9 the quick brown fox"] * 10, vocab_size=300)
@@ -61,7 +62,7 @@ def write_checkpoint(path: Path, layers: int, d: int, shards: int, vocab: int) -
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--d-model", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=32000)
@@ -70,7 +71,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "src"
         size = write_checkpoint(src, args.layers, args.d_model, args.shards, args.vocab)
-        r = subprocess.run([sys.executable, "-m", "convert.llada", str(src), str(Path(tmp) / "out"), "--quiet"],
+        r = subprocess.run([sys.executable, "-m", "convert", str(src), str(Path(tmp) / "out"), "--quiet"],
                            cwd=REPO, capture_output=True, text=True)
         if r.returncode:
             sys.exit(r.stderr)
@@ -85,4 +86,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run_command(main))

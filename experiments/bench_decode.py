@@ -46,10 +46,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 
 from bench_threads import N_THREADS  # noqa: F401 (before jax and torch: it sets their threads)
 from bench_common import median_seconds, on_gpu, random_model, torch_sync, torch_twin
+from localleap_jax import cli
 
 import jax
 import jax.numpy as jnp
@@ -191,7 +193,7 @@ def peak_step_memory_mb(fn, params, ids, mask) -> float:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="embedded", choices=("embedded", "small", "llada-8b"),
                     help="embedded: the shipped trained model (default); small / llada-8b: random weights at "
                          "that shape, with a pinned schedule")
@@ -326,4 +328,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run_command(main))

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from bench_common import forward_flops, median_seconds, on_gpu, random_model, torch_sync, torch_twin
+from localleap_jax import cli
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +23,7 @@ import numpy as np
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="small", choices=("small", "llada-8b", "dream-7b"),
                     help="random weights at this architecture (dream-7b: Dream's logits shift included)")
     ap.add_argument("--length", type=int, default=256, help="sequence length L (default %(default)s)")
@@ -71,4 +73,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run_command(main))

@@ -19,10 +19,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
 
 from bench_threads import N_THREADS  # noqa: E402 (before jax and torch: it sets their threads)
 
@@ -32,6 +28,7 @@ import torch  # noqa: E402
 
 import localleap_jax as ll  # noqa: E402
 from bench_common import random_model, torch_twin  # noqa: E402
+from localleap_jax import cli  # noqa: E402
 from oracles import likelihood as reference_likelihood  # noqa: E402
 from localleap_jax.compile_cache import compiled_programs  # noqa: E402
 from oracles.bidirectional import bidirectional_logits  # noqa: E402
@@ -40,7 +37,7 @@ torch.set_num_threads(N_THREADS)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="small", help="bench_common shape (default small)")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--torch-requests", type=int, default=8)
@@ -99,4 +96,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run_command(main))

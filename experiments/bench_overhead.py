@@ -14,6 +14,7 @@ interleaved (--reps rounds, median), one CPU thread by default (--threads 0: all
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from bench_threads import N_THREADS  # noqa: F401 (before jax: it sets XLA's threads)
@@ -22,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from bench_common import random_model
+from localleap_jax import cli
 
 
 def floor_program(model, cfg, ids, mask):
@@ -53,7 +55,7 @@ def floor_program(model, cfg, ids, mask):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="small", choices=("small", "llada-8b"))
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--prompt-length", type=int, default=128)
@@ -94,4 +96,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run_command(main))

@@ -18,10 +18,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
 
 from bench_threads import N_THREADS  # noqa: E402 (before jax and torch: it sets their threads)
 
@@ -31,6 +27,7 @@ import torch  # noqa: E402
 
 import localleap_jax as ll  # noqa: E402
 from bench_common import random_model, torch_twin  # noqa: E402
+from localleap_jax import cli  # noqa: E402
 from oracles import revoke as reference_revoke  # noqa: E402
 from localleap_jax.checkpoint import Model  # noqa: E402
 from localleap_jax.tokenizer import left_pad  # noqa: E402
@@ -53,7 +50,7 @@ def authors(rule: str, fns, prompt, args, config):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="small")
     ap.add_argument("--rules", default="wino", help="wino and/or saber (comma-separated)")
     ap.add_argument("--prompts", type=int, default=3)
@@ -99,4 +96,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run_command(main))

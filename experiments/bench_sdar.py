@@ -6,7 +6,7 @@ loop in PyTorch with a real KV cache, same weights, prompts and rule, measured s
     .venv/bin/python experiments/bench_sdar.py --strategies dynamic --torch-attn eager
 
 The model is random (a "tiny-ish" Qwen3/SDAR checkpoint written to a temp dir with a BPE tokenizer from
-`make_tokenizer("sdar", ...)`, converted by `convert.sdar`, loaded by `ll.load` in fp32; the torch twin is
+`make_tokenizer(..., family="sdar")`, converted by `localleap_jax.convert_hf`, loaded by `ll.load` in fp32; the torch twin is
 `reference_sdar.sdar_torch_model`, transformers' Qwen3ForCausalLM with the same tensors). The head is sharpened
 (--head-scale) so confidences spread over (0, 1) and dynamic's threshold branch fires.
 
@@ -78,6 +78,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import localleap_jax as ll  # noqa: E402
+from localleap_jax import cli  # noqa: E402
 from oracles import sdar as reference_sdar  # noqa: E402
 
 torch.set_num_threads(N_THREADS)
@@ -95,9 +96,9 @@ JAX_RULES = {"dynamic": "low_confidence_dynamic", "low_confidence": "low_confide
 def build(args, workdir: Path):
     from helpers import random_sdar_tensors, tiny_sdar_config, write_hf_checkpoint
 
-    from convert.sdar import convert
+    from localleap_jax.convert_hf import convert
     from localleap_jax.synthetic_math import take
-    from localleap_jax.families import make_tokenizer
+    from localleap_jax.tokenizer import make_tokenizer
 
     problems = take("train", 3000, seed=0)
     corpus = [f"Question: {p['question']}\nAnswer: {p['answer']}" for p in problems]
@@ -105,7 +106,7 @@ def build(args, workdir: Path):
     syllables = [a + b for a in "bcdfghklmnprstvz" for b in "aeiou"]
     words = ["".join(rng.choice(syllables, rng.integers(1, 4))) for _ in range(4 * args.vocab)]
     corpus += [" ".join(rng.choice(words, 12)) for _ in range(3 * args.vocab)]
-    tok = make_tokenizer("sdar", corpus, vocab_size=args.vocab)
+    tok = make_tokenizer(corpus, vocab_size=args.vocab, family="sdar")
     rows = -(-len(tok) // 64) * 64  # more embedding rows than tokenizer ids, as SDAR's 151936 vs its tokenizer
     cfg = tiny_sdar_config(rows, tok.eos_token_id, hidden_size=args.hidden, num_hidden_layers=args.layers,
                            num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, head_dim=args.head_dim,
@@ -235,7 +236,7 @@ def median(xs):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gen-length", type=int, default=64)
     ap.add_argument("--prompt-length", type=int, default=29)
     ap.add_argument("--batch-sizes", default="1,8")
@@ -343,4 +344,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run_command(main))

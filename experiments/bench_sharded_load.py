@@ -37,8 +37,9 @@ import time
 from pathlib import Path
 from localleap_jax.families import read_config_file
 
+from localleap_jax import cli
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 # mode -> (what it does, CPU devices per process, processes)
 MODES = {"whole": ("one device", 1, 1), "whole-then-shard": ("one device, then shard", 4, 1),
@@ -160,7 +161,7 @@ def print_table(rows: list[dict], model_mb: float) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", help="measure this checkpoint instead of writing a synthetic one")
     ap.add_argument("--keep", help="write the synthetic checkpoint here and keep it (reuse it with --checkpoint)")
     ap.add_argument("--layers", type=int, default=7)
@@ -213,4 +214,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run_command(main))

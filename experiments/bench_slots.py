@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import numpy as np
 
+from localleap_jax import cli
+
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=64, help="N prompts (the synthetic-math test split)")
     ap.add_argument("--rows", type=int, default=8, help="S: rows of a fixed batch, and slots")
     ap.add_argument("--strategies", default="low_confidence,threshold,localleap")
@@ -76,4 +79,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run_command(main))

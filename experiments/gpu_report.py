@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 from bench_threads import N_THREADS  # noqa: F401 (before jax and torch: it sets their threads)
 from bench_common import forward_flops, median_seconds, on_gpu, random_model, torch_sync, torch_twin
+from localleap_jax import cli
 
 import jax
 import jax.numpy as jnp
@@ -158,7 +160,7 @@ def decode_pair(model, twin, ids, *, strategy: str, cache: str, G: int, T: int, 
     import torch
 
     import localleap_jax as ll
-    from oracles import fast_dllm as reference_fast_dllm, reference_rules
+    from oracles import fast_dllm as reference_fast_dllm, rules as reference_rules
 
     B, P = ids.shape
     rule = ll.rule(strategy, steps=steps) if strategy == "low_confidence" else ll.rule(strategy)
@@ -228,7 +230,7 @@ def decode_section(sec: Section, report, model, twin, per_batch, batches, modes,
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="llada-8b", choices=sorted(SHAPE_DEFAULTS))
     ap.add_argument("--length", type=int, help="forward length L and the decode canvas (prompt + generation)")
     ap.add_argument("--gen-length", type=int)
@@ -300,4 +302,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run_command(lambda: main() and 0))  # main returns the report it wrote

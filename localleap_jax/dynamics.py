@@ -1,7 +1,7 @@
 """Statistics of decoding dynamics over a `Trace`: the numbers behind the paper's Figures 1 and 2.
 
 Pure NumPy on the arrays of `localleap_jax.trace.Trace` (no JAX, no plotting; the plots live in
-experiments/plots.py). Words used in every definition below:
+localleap_jax/commands/plots.py). Words used in every definition below:
 
 - pass s of row b: the row's own s-th forward pass, 0-based; a row has `passes[b]` of them.
 - final token of a position: `trace.token[b, g]`, what the generation ended with there.

@@ -4,7 +4,6 @@ test-wide settings (offline, hypothesis derandomised)."""
 from __future__ import annotations
 
 import os
-import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the network
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -20,15 +19,13 @@ os.environ.setdefault("XLA_FLAGS", TEST_XLA_FLAGS)
 import pytest
 from hypothesis import settings
 
-from helpers import (REPO, TOKENIZER_CORPUS, random_dream_tensors, random_llada_tensors, random_sdar_tensors,
+from helpers import (TOKENIZER_CORPUS, random_dream_tensors, random_llada_tensors, random_sdar_tensors,
                      tiny_dream_config, tiny_hf_config, tiny_sdar_config, write_dream_checkpoint, write_hf_checkpoint)
 
 # The same examples on every run and machine, and no local example database: a property must hold on
 # what CI draws, not on what an earlier local run happened to remember (fixed boundary cases are @examples).
 settings.register_profile("repo", database=None, derandomize=True, deadline=None, max_examples=100)
 settings.load_profile("repo")
-
-sys.path.insert(0, str(REPO / "experiments"))  # the command lines' modules (eval_gsm8k, synthetic_math, ...)
 
 
 @pytest.fixture(scope="session")
@@ -50,8 +47,8 @@ def hf_checkpoint(tmp_path_factory, tiny_tokenizer):
 
 @pytest.fixture(scope="session")
 def converted(tmp_path_factory, hf_checkpoint):
-    """The fp32 tiny checkpoint converted by convert.llada."""
-    from convert.llada import convert
+    """The fp32 tiny checkpoint converted by localleap_jax.convert_hf."""
+    from localleap_jax.convert_hf import convert
 
     out = tmp_path_factory.mktemp("conv") / "tiny"
     convert(str(hf_checkpoint[0]), str(out), progress=False)
@@ -62,7 +59,7 @@ def converted(tmp_path_factory, hf_checkpoint):
 def sharp_checkpoint(tmp_path_factory, tiny_tokenizer):
     """(converted dir, hf_config, tensors): a 2-layer random model whose output head is scaled x20 so that
     its confidences spread over (0, 1), as decoding tests need."""
-    from convert.llada import convert
+    from localleap_jax.convert_hf import convert
 
     tok = tiny_tokenizer
     cfg = tiny_hf_config(len(tok), tok.mask_token_id, tok.eos_token_id, n_layers=2)
@@ -96,8 +93,8 @@ def dream_hf_checkpoint(tmp_path_factory, dream_tokenizer):
 
 @pytest.fixture(scope="session")
 def dream_converted(tmp_path_factory, dream_hf_checkpoint):
-    """The fp32 tiny Dream checkpoint converted by convert.dream."""
-    from convert.dream import convert
+    """The fp32 tiny Dream checkpoint converted by localleap_jax.convert_hf."""
+    from localleap_jax.convert_hf import convert
 
     out = tmp_path_factory.mktemp("conv") / "tiny-dream"
     convert(str(dream_hf_checkpoint[0]), str(out), progress=False)
@@ -106,8 +103,8 @@ def dream_converted(tmp_path_factory, dream_hf_checkpoint):
 
 @pytest.fixture(scope="session")
 def sdar_converted(tmp_path_factory):
-    """A 3-layer fp32 SDAR-layout checkpoint (block 4, GQA, head_dim 24, sharp head) converted by convert.sdar."""
-    from convert.sdar import convert
+    """A 3-layer fp32 SDAR-layout checkpoint (block 4, GQA, head_dim 24, sharp head) converted by localleap_jax.convert_hf."""
+    from localleap_jax.convert_hf import convert
     from localleap_jax.families import make_tokenizer
 
     tok = make_tokenizer("sdar", TOKENIZER_CORPUS, vocab_size=300)

@@ -134,7 +134,7 @@ def test_written_checkpoints_take_the_umask_mode(tmp_path, converted, mask):
 
 
 def test_converted_checkpoints_take_the_umask_mode(tmp_path, hf_checkpoint):
-    from convert.llada import convert
+    from localleap_jax.convert_hf import convert
 
     old = os.umask(0o027)  # neither the usual 022 nor mkdtemp's 077: a hard-coded mode cannot pass
     try:

@@ -1,4 +1,4 @@
-"""convert.llada: faithful conversion, and a clear error (with nothing left behind) for each bad input."""
+"""`python -m convert` (localleap_jax.convert_hf): faithful conversion, and a clear error (with nothing left behind) for each bad input."""
 
 import json
 import shutil
@@ -11,7 +11,8 @@ import torch
 
 import localleap_jax as ll
 from helpers import REPO, write_hf_checkpoint
-from convert.llada import ConversionError, convert, main
+from convert import main
+from localleap_jax.convert_hf import ConversionError, convert
 
 
 def test_bf16_source_converts_and_loads_in_either_dtype(tmp_path, hf_checkpoint):
@@ -122,7 +123,7 @@ def test_existing_output_is_not_overwritten(tmp_path, converted, hf_checkpoint):
 
 def test_hub_id_without_network_fails_with_one_clear_line(tmp_path):
     env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    r = subprocess.run([sys.executable, "-m", "convert.llada", "GSAI-ML/LLaDA-8B-Instruct", str(tmp_path / "o")],
+    r = subprocess.run([sys.executable, "-m", "convert", "GSAI-ML/LLaDA-8B-Instruct", str(tmp_path / "o")],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().startswith("error: could not download GSAI-ML/LLaDA-8B-Instruct")
@@ -154,18 +155,18 @@ def test_load_refuses_an_unconverted_hf_directory(hf_checkpoint):
 # ---------------------------------------------------------------- model families
 
 
-def _cli(module, *args, env=None):
-    return subprocess.run([sys.executable, "-m", module, *map(str, args), "--quiet"], cwd=REPO, capture_output=True,
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "convert", *map(str, args), "--quiet"], cwd=REPO, capture_output=True,
                           text=True, timeout=300, env=env)
 
 
-@pytest.mark.parametrize("module, source, found", [
-    ("convert.dream", "hf_checkpoint", "is a LLaDA checkpoint"),
-    ("convert.llada", "dream_hf_checkpoint", "is a Dream checkpoint"),
+@pytest.mark.parametrize("family, source, found", [
+    ("dream", "hf_checkpoint", "is a LLaDA checkpoint"),
+    ("llada", "dream_hf_checkpoint", "is a Dream checkpoint"),
 ])
-def test_a_converter_refuses_the_other_family_in_one_line(request, tmp_path, module, source, found):
+def test_a_forced_family_refuses_the_other_family_in_one_line(request, tmp_path, family, source, found):
     src = request.getfixturevalue(source)[0]
-    r = _cli(module, src, tmp_path / "out")
+    r = _cli(src, tmp_path / "out", "--family", family)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and found in lines[0], r.stderr
@@ -175,7 +176,7 @@ def test_a_converter_refuses_the_other_family_in_one_line(request, tmp_path, mod
 
 def test_plain_convert_detects_the_family(tmp_path, dream_hf_checkpoint, hf_checkpoint):
     for name, (src, cfg, _) in (("dream", dream_hf_checkpoint), ("llada", hf_checkpoint)):
-        r = _cli("convert", src, tmp_path / name)
+        r = _cli(src, tmp_path / name)
         assert r.returncode == 0, r.stderr
         model = ll.load(tmp_path / name, dtype="float32")
         assert model.config.family == name
@@ -184,7 +185,7 @@ def test_plain_convert_detects_the_family(tmp_path, dream_hf_checkpoint, hf_chec
 
 def test_dream_set_and_shape_checks(tmp_path, dream_hf_checkpoint, dream_tokenizer):
     from helpers import write_dream_checkpoint
-    from convert.dream import convert as convert_dream
+    from localleap_jax.convert_hf import convert as convert_dream
 
     src, cfg, tensors = dream_hf_checkpoint
     broken = {k: v for k, v in tensors.items() if k != "model.layers.1.self_attn.k_proj.bias"}
@@ -197,7 +198,7 @@ def test_dream_set_and_shape_checks(tmp_path, dream_hf_checkpoint, dream_tokeniz
 
 
 def test_dream_source_without_any_tokenizer_is_refused(tmp_path, dream_hf_checkpoint, dream_tokenizer):
-    from convert.dream import convert as convert_dream
+    from localleap_jax.convert_hf import convert as convert_dream
 
     src, cfg, tensors = dream_hf_checkpoint
     d = tmp_path / "src"

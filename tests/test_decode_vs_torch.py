@@ -240,7 +240,7 @@ def test_empty_prompts_are_refused(sharp):
 @pytest.fixture(scope="module")
 def one_layer(tmp_path_factory, tiny_tokenizer):
     """A 1-layer sharp model: its K/V depend only on each position's token, so the Fast-dLLM caches are exact."""
-    from convert.llada import convert
+    from localleap_jax.convert_hf import convert
 
     tok = tiny_tokenizer
     cfg = tiny_hf_config(len(tok), tok.mask_token_id, tok.eos_token_id, n_layers=1)
@@ -285,7 +285,7 @@ def _strict_answer(text):
 def test_dual_cache_keeps_localleap_accuracy_on_the_embedded_model():
     """Cached decoding is an approximation: on a fixed set of held-out problems the embedded model's
     localleap + dual must answer (nearly) as localleap without a cache does."""
-    import synthetic_math
+    from localleap_jax import synthetic_math
     from localleap_jax.checkpoint import EMBEDDED
 
     model = ll.load(EMBEDDED, dtype="float32")
@@ -313,7 +313,7 @@ DUAL_IDENTICAL_AT_LEAST = 0.9
 @pytest.fixture(scope="module")
 def embedded_with_twin():
     """The shipped trained model (it ends answers with EOT and pads with EOS) and its torch twin."""
-    import synthetic_math
+    from localleap_jax import synthetic_math
     from localleap_jax.checkpoint import EMBEDDED
     from localleap_jax.families import hf_tensors
 

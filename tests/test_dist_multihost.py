@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import localleap_jax as ll
-import synthetic_math
 from helpers import REPO
+from localleap_jax import synthetic_math
 from localleap_jax.checkpoint import EMBEDDED
 from localleap_jax.dist.messages import HEADER_WORDS, Message, pack, payload_template, unpack
 from localleap_jax.dist import multihost as dist_multihost
@@ -219,8 +219,7 @@ ADAPTER_MISTAKES = [
 
 MISTAKES_SCRIPT = r"""
 import contextlib, io, json, sys
-sys.path.insert(0, sys.argv[3])
-import eval_gsm8k
+from localleap_jax.commands import eval_gsm8k
 from localleap_jax import lm_eval
 out = []
 for flags in json.loads(sys.argv[1]):
@@ -248,7 +247,7 @@ def test_command_line_mistakes_end_in_one_line_and_leave_nothing(tmp_path):
            "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-c", MISTAKES_SCRIPT, json.dumps(flags),
-                        json.dumps([a for a, _ in ADAPTER_MISTAKES]), str(REPO / "experiments")], cwd=tmp_path, env=env, capture_output=True,
+                        json.dumps([a for a, _ in ADAPTER_MISTAKES])], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     results = json.loads(r.stdout.strip().splitlines()[-1])
@@ -375,10 +374,10 @@ class Run:
 
 @pytest.mark.slow
 def test_two_processes_match_one_write_only_from_process_0_and_resume(tmp_path):
-    import eval_gsm8k
+    from localleap_jax.commands import eval_gsm8k
 
     n = 24  # problems: 12 batches of 2, so the leader dies with most of them still to do
-    flags = ["--limit", str(n), "--batch-size", "2", "--strategies", "localleap"]
+    flags = ["--checkpoint", "embedded", "--limit", str(n), "--batch-size", "2", "--strategies", "localleap"]
     reference = tmp_path / "one-process"
     assert eval_gsm8k.main([*flags, "--output", str(reference), "--no-compile-cache"]) == 0
     want = rows_by_id(reference)

@@ -110,7 +110,7 @@ def test_the_fp32_tolerance_sees_near_miss_rope(dream_hf_checkpoint, dream32, mo
 
 def test_bf16_source_converts_and_stays_close(tmp_path, dream_hf_checkpoint, dream_tokenizer):
     from helpers import write_dream_checkpoint
-    from convert.dream import convert
+    from localleap_jax.convert_hf import convert
 
     src, cfg, tensors = dream_hf_checkpoint
     bf16 = write_dream_checkpoint(tmp_path / "bf16", cfg, tensors, dream_tokenizer, n_shards=3, dtype=torch.bfloat16)
@@ -229,7 +229,7 @@ PROMPTS = [[5, 17, 42, 99, 7], [120, 3, 3, 250, 11, 64, 8, 31, 200], [77, 12, 15
 def _dream(tmp_path_factory, tok, n_layers, seed):
     """A converted random Dream-layout model whose confidences spread, and its Qwen2 torch twin."""
     from helpers import random_dream_tensors, tiny_dream_config, write_dream_checkpoint
-    from convert.dream import convert
+    from localleap_jax.convert_hf import convert
 
     cfg = tiny_dream_config(320, tok.mask_token_id, tok.eos_token_id, num_hidden_layers=n_layers)
     tensors = random_dream_tensors(cfg, seed=seed, head_scale=20.0)

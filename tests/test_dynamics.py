@@ -246,13 +246,13 @@ def test_masked_property_by_construction(stable_trace):
     np.testing.assert_array_equal(m[1, :, 0], [True] + [False] * 8)
 
 
-# ---------------------------------------------------------------- plots (experiments/plots.py)
+# ---------------------------------------------------------------- plots (localleap_jax/commands/plots.py)
 
 
 def test_plots_write_pngs_with_the_numbers_of_the_statistics(tmp_path, stable_trace, neighbour_trace):
     import json
 
-    import plots
+    from localleap_jax.commands import plots
 
     both = dyn.concat_traces([stable_trace, neighbour_trace])
     returned = plots.all_figures(both, tmp_path, row=2, texts=["a", "b", "c"])
@@ -279,7 +279,7 @@ def test_plots_write_pngs_with_the_numbers_of_the_statistics(tmp_path, stable_tr
 
 
 def test_picture_colours():
-    import plots
+    from localleap_jax.commands import plots
 
     pic = dyn.decode_picture(make_trace([ROW_A], S=8), 0)
     rgb = plots.picture_rgb(pic)
@@ -289,7 +289,7 @@ def test_picture_colours():
     np.testing.assert_allclose(rgb[0, 5], plots.UNOBSERVED_RGB)  # not computed
 
 
-# ---------------------------------------------------------------- experiments/analyze_dynamics.py
+# ---------------------------------------------------------------- analyze_dynamics (localleap_jax/commands)
 
 
 def _write_runs(directory, meta=None):
@@ -301,7 +301,7 @@ def _write_runs(directory, meta=None):
 def test_script_analyses_saved_traces(tmp_path, capsys):
     import json
 
-    import analyze_dynamics
+    from localleap_jax.commands import analyze_dynamics
 
     (tmp_path / "traces").mkdir()
     _write_runs(tmp_path / "traces")
@@ -323,7 +323,7 @@ def test_the_stable_share_says_what_it_means_under_each_cache(tmp_path, capsys, 
     stood next to the paper's no-cache figure without a caveat."""
     import json
 
-    import analyze_dynamics
+    from localleap_jax.commands import analyze_dynamics
 
     (tmp_path / "traces").mkdir()
     _write_runs(tmp_path / "traces", {"checkpoint": "ck", "decode": {"strategy": "low_confidence", "cache": "auto"},
@@ -364,7 +364,7 @@ def test_the_observed_share_counts_the_masked_predictions_a_pass_computed(stable
     (lambda t: ["--limit", "2", "--row", "2"], "--row 2: there are 2 problems"),
 ])
 def test_script_mistakes_end_with_one_clear_line(tmp_path, capsys, make_args, message):
-    import analyze_dynamics
+    from localleap_jax.commands import analyze_dynamics
 
     (tmp_path / "empty").mkdir()
     (tmp_path / "junk.npz").write_text("not a trace")
@@ -383,12 +383,13 @@ def test_script_mistakes_end_with_one_clear_line(tmp_path, capsys, make_args, me
 def test_script_end_to_end_on_the_embedded_model(tmp_path, capsys):
     import json
 
-    import analyze_dynamics
+    from localleap_jax.commands import analyze_dynamics
     import localleap_jax as ll
     from localleap_jax.tokenizer import cut_at_stop
 
     out = tmp_path / "run"
-    assert analyze_dynamics.main(["--limit", "4", "--batch-size", "2", "--no-compile-cache", "--output", str(out)]) == 0
+    assert analyze_dynamics.main(["--checkpoint", "embedded", "--limit", "4", "--batch-size", "2", "--no-compile-cache",
+                                  "--output", str(out)]) == 0
     files = sorted((out / "traces").glob("*.npz"))
     assert [f.name for f in files] == ["batch-00000.npz", "batch-00001.npz"]
     traces = [load_trace(f) for f in files]
@@ -406,13 +407,15 @@ def test_script_end_to_end_on_the_embedded_model(tmp_path, capsys):
     assert all((out / f"{name}.png").stat().st_size > 2000 for name in ("figure1a", "figure1b", "figure1c", "figure2"))
     # A rerun with the same settings reuses the saved batches (same files, untouched).
     stamps = [f.stat().st_mtime_ns for f in files]
-    assert analyze_dynamics.main(["--limit", "4", "--batch-size", "2", "--no-compile-cache", "--output", str(out)]) == 0
+    assert analyze_dynamics.main(["--checkpoint", "embedded", "--limit", "4", "--batch-size", "2", "--no-compile-cache",
+                                  "--output", str(out)]) == 0
     assert [f.stat().st_mtime_ns for f in files] == stamps
     again = tmp_path / "again"
     assert analyze_dynamics.main(["--from-traces", str(out / "traces"), "--output", str(again)]) == 0
     assert json.loads((again / "dynamics.json").read_text())["stable_within_25pct"] == result["stable_within_25pct"]
     # Fewer problems: the extra batch file goes, so --from-traces DIR stays one run.
-    assert analyze_dynamics.main(["--limit", "2", "--batch-size", "2", "--no-compile-cache", "--output", str(out)]) == 0
+    assert analyze_dynamics.main(["--checkpoint", "embedded", "--limit", "2", "--batch-size", "2", "--no-compile-cache",
+                                  "--output", str(out)]) == 0
     assert [f.name for f in (out / "traces").glob("*.npz")] == ["batch-00000.npz"]
     assert json.loads((out / "dynamics.json").read_text())["rows"] == 2
 
@@ -421,12 +424,12 @@ def test_script_traces_a_users_rule_by_name_and_traces_again_after_an_edit(tmp_p
     """Issue #22: --rules FILE and its rule by name; the saved batches are keyed on the rule's code too."""
     import json
 
-    import analyze_dynamics
+    from localleap_jax.commands import analyze_dynamics
     from helpers import rules_put_back, write_user_rules
 
     rules, out = write_user_rules(tmp_path / "myrules.py"), tmp_path / "run"
-    args = ["--rules", str(rules), "--strategy", "steady", "--limit", "2", "--batch-size", "2", "--gen-length", "16",
-            "--block-length", "16", "--no-compile-cache", "--output", str(out)]
+    args = ["--checkpoint", "embedded", "--rules", str(rules), "--strategy", "steady", "--limit", "2", "--batch-size",
+            "2", "--gen-length", "16", "--block-length", "16", "--no-compile-cache", "--output", str(out)]
     with rules_put_back():
         assert analyze_dynamics.main(args) == 0
         settings = json.loads((out / "dynamics.json").read_text())["settings"]

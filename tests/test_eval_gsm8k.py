@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import eval_gsm8k
 import localleap_jax as ll
 from helpers import REPO, SHARED
 from localleap_jax.checkpoint import EMBEDDED
+from localleap_jax.commands import eval_gsm8k
 from localleap_jax.gsm8k import OutputDir, UserError, local_task
 
 pytestmark = pytest.mark.usefixtures("lm_eval_env_report_once")  # conftest: torch's environment report once
@@ -26,8 +26,8 @@ pytestmark = pytest.mark.usefixtures("lm_eval_env_report_once")  # conftest: tor
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("eval")
-    args = ["--limit", "12", "--batch-size", "6", "--strategies", "low_confidence,localleap", "--output", str(out),
-            "--no-compile-cache"]
+    args = ["--checkpoint", "embedded", "--limit", "12", "--batch-size", "6", "--strategies",
+            "low_confidence,localleap", "--output", str(out), "--no-compile-cache"]
     assert eval_gsm8k.main(args) == 0
     return out, args
 
@@ -73,8 +73,8 @@ def test_real_gsm8k_file_runs_through_the_same_path(tmp_path):
     data = tmp_path / "test.jsonl"
     data.write_text("".join((SHARED / "data" / "gsm8k" / "test.jsonl").read_text().splitlines(True)[:3]))
     # a batch of 4 for the 3 problems (the default 32 would decode 29 filler rows: 3x the time, same answers)
-    assert eval_gsm8k.main(["--data", str(data), "--strategies", "threshold", "--batch-size", "4", "--output",
-                            str(tmp_path / "o"), "--no-compile-cache"]) == 0
+    assert eval_gsm8k.main(["--checkpoint", "embedded", "--data", str(data), "--strategies", "threshold",
+                            "--batch-size", "4", "--output", str(tmp_path / "o"), "--no-compile-cache"]) == 0
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["strategies"]["threshold"]["n"] == 3 and summary["config"]["data"] == str(data.resolve())
 
@@ -183,10 +183,11 @@ def test_resume_follows_the_weights_not_the_checkpoint_path(tmp_path, capsys):
     assert _batches_generated(capsys.readouterr().out) == 0  # the same weights elsewhere: nothing to redo
 
 
-def _default_outputs(main, repo_attr_holder, root, checkpoints, capfd, monkeypatch, parent):
-    """The default --output each checkpoint's run names: PARENT is made a file, so each run stops there in one line
-    (before loading anything) naming the directory it would have used."""
-    monkeypatch.setattr(repo_attr_holder, "REPO", root)
+def _default_outputs(main, root, checkpoints, capfd, monkeypatch, parent):
+    """The default --output each checkpoint's run names, run from ROOT (defaults are under the current directory):
+    PARENT is made a file, so each run stops there in one line (before loading anything) naming the directory it
+    would have used."""
+    monkeypatch.chdir(root)
     (root / parent).parent.mkdir(parents=True, exist_ok=True)
     (root / parent).write_text("")
     named = []
@@ -207,8 +208,7 @@ def test_two_checkpoints_of_one_name_get_default_outputs_of_their_own(tmp_path, 
     shutil.copytree(EMBEDDED, a)
     shutil.copytree(EMBEDDED, copy)
     _other_model(b)
-    named = _default_outputs(eval_gsm8k.main, eval_gsm8k, tmp_path, [a, b, copy], capfd, monkeypatch,
-                             "runs/eval_gsm8k")
+    named = _default_outputs(eval_gsm8k.main, tmp_path, [a, b, copy], capfd, monkeypatch, "runs/eval_gsm8k")
     assert named[0] != named[1] and all(re.fullmatch(r".*/model-[0-9a-f]{8}", n) for n in named), named
     assert named[2] == named[0]  # the same weights elsewhere: the same directory, so a rerun resumes
 
@@ -510,9 +510,9 @@ def test_a_users_rule_file_runs_by_name_and_an_edit_reruns_exactly_it(tmp_path, 
 
 
 def test_the_embedded_chain_model_scores_one_token_per_pass_above_a_low_threshold(tmp_path):
-    """`--checkpoint embedded-chain` (the README main job's model): its manifest's own task (six-step chains),
-    canvas (gen 80) and default strategies, and on its first 64 held-out problems committing everything above
-    0.5 at once loses what one token per pass gets right -- the trade-off the shipped tiny-math cannot show."""
+    """The model `eval_gsm8k.py` runs when none is named (the README main job's, embedded-chain): its manifest's own
+    task (six-step chains), canvas (gen 80) and default strategies, and on its first 64 held-out problems committing
+    everything above 0.5 at once loses what one token per pass gets right -- the trade-off tiny-math cannot show."""
     from localleap_jax.checkpoint import EMBEDDED_CHAIN
     from localleap_jax.gsm8k import default_strategies, read_model_config
     from localleap_jax.rules import split_specs
@@ -525,9 +525,9 @@ def test_the_embedded_chain_model_scores_one_token_per_pass_above_a_low_threshol
     # 64 x 80 passes of one token: in a process of its own, whose XLA optimises as a user's does (the suite's
     # unoptimised programs, set in conftest for its many short tests, run this in twice the time).
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    run = subprocess.run([sys.executable, str(REPO / "experiments" / "eval_gsm8k.py"), "--checkpoint",
-                          "embedded-chain", "--limit", "64", "--strategies", "low_confidence,threshold:kappa=0.5",
-                          "--output", str(out), "--no-compile-cache"], env=env, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, str(REPO / "experiments" / "eval_gsm8k.py"), "--limit", "64",  # no model
+                          "--strategies", "low_confidence,threshold:kappa=0.5", "--output", str(out),
+                          "--no-compile-cache"], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["gen_length"] == 80

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-import eval_likelihood
+from localleap_jax.commands import eval_likelihood
 
 
 def test_the_local_choice_task_runs_writes_its_summary_and_resumes(tmp_path, capsys):
@@ -47,5 +47,5 @@ def test_two_checkpoints_of_one_name_get_default_outputs_of_their_own(tmp_path, 
     a, b = tmp_path / "a" / "model", tmp_path / "b" / "model"
     shutil.copytree(EMBEDDED, a)
     _other_model(b)
-    named = _default_outputs(eval_likelihood.main, eval_likelihood, tmp_path, [a, b], capfd, monkeypatch, "results")
+    named = _default_outputs(eval_likelihood.main, tmp_path, [a, b], capfd, monkeypatch, "results")
     assert named[0] != named[1] and all("/likelihood-model-" in n for n in named), named

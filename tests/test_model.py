@@ -132,7 +132,7 @@ def test_head_on_gathered_positions_equals_full_logits(model32):
 
 def test_grouped_query_attention_matches_reference(tmp_path, tiny_tokenizer):
     from helpers import random_llada_tensors, tiny_hf_config, write_hf_checkpoint
-    from convert.llada import convert
+    from localleap_jax.convert_hf import convert
 
     tok = tiny_tokenizer
     cfg = tiny_hf_config(len(tok), tok.mask_token_id, tok.eos_token_id, n_kv_heads=2, n_layers=2)

@@ -13,7 +13,8 @@ import torch
 import localleap_jax as ll
 from localleap_jax.families import write_config
 from oracles import fast_dllm as fd
-from oracles import rules as reference_rules, reference_torch
+from oracles import bidirectional as reference_torch
+from oracles import rules as reference_rules
 
 G, T = 64, 16
 PROMPT_LENGTH = 49  # equal-length prompts: Fast-dLLM's loops take no attention mask
@@ -32,7 +33,7 @@ STRATEGIES = {  # name: (DecodeConfig fields, the Fast-dLLM loop's commit-rule a
 @pytest.fixture(scope="module")
 def embedded():
     """(model, its torch twin, 16 test prompts of PROMPT_LENGTH tokens as int32 [16, P])."""
-    import synthetic_math
+    from localleap_jax import synthetic_math
     from localleap_jax.families import hf_tensors
 
     model = ll.load(ll.checkpoint.EMBEDDED, dtype="float32")

@@ -128,7 +128,7 @@ def test_a_helper_module_of_the_user_s_own_is_part_of_the_rule_s_code(tmp_path, 
 
 
 def test_an_installed_package_s_entry_points_are_loaded_when_a_name_is_not_found(tmp_path, monkeypatch):
-    import sweep
+    from localleap_jax.commands import sweep
 
     site = tmp_path / "site"
     (site / "ep_rules_pkg").mkdir(parents=True)
@@ -163,19 +163,19 @@ TAKEN = "import localleap_jax as ll\n\n@ll.register('threshold')\ndef mine(s):\n
 
 
 def _eval(argv):
-    import eval_gsm8k
+    from localleap_jax.commands import eval_gsm8k
 
     return eval_gsm8k.main(argv)
 
 
 def _sweep(argv):
-    import sweep
+    from localleap_jax.commands import sweep
 
     return sweep.main(argv)
 
 
 def _dynamics(argv):
-    import analyze_dynamics
+    from localleap_jax.commands import analyze_dynamics
 
     return analyze_dynamics.main(argv)
 

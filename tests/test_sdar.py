@@ -43,7 +43,7 @@ def _build(tmp_path_factory, tok, name, **overrides):
     cfg = tiny_sdar_config(ROWS, tok.eos_token_id, **overrides)
     tensors = random_sdar_tensors(cfg, seed=len(name), head_scale=12.0)  # sharp: confidences spread over (0, 1)
     src = write_hf_checkpoint(tmp_path_factory.mktemp("hf") / name, cfg, tensors, tok)
-    from convert.sdar import convert
+    from localleap_jax.convert_hf import convert
 
     out = tmp_path_factory.mktemp("conv") / name
     convert(str(src), str(out), progress=False)

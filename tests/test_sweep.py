@@ -13,11 +13,10 @@ import shutil
 
 import pytest
 
-import eval_gsm8k
-import sweep
+from localleap_jax.commands import eval_gsm8k, sweep
+from localleap_jax.commands.sweep import Point, best_within, compare_frontiers, frontier
 from localleap_jax.compile_cache import compiled_programs, forget_compiled
 from localleap_jax.gsm8k import UserError
-from sweep import Point, best_within, compare_frontiers, frontier
 
 pytestmark = pytest.mark.usefixtures("lm_eval_env_report_once")  # conftest: torch's environment report once
 
@@ -170,7 +169,7 @@ def test_figure4_points_vary_one_setting_around_the_centre():
     (["--grid", "threshold:kappa=0.5;0.5"], "names a value twice"),
     (["--grid", "threshold:kappa=0.5;;0.7"], "has an empty value"),
     (["--grid", "threshold:kappa=1.5"], r"--grid threshold:kappa=1.5: threshold: kappa=1.5 must lie in \(0, 1\]"),
-    (["--grid", "low_confidence:steps=10"], "steps=10 is not a positive multiple of the number of blocks"),
+    (["--grid", "low_confidence:steps=6"], "steps=6 is not a positive multiple of the number of blocks"),  # 5 blocks
     (["--grid", "localleap:kappa=0.5,tau=0.75"], "tau=0.75 > kappa=0.5"),
     (["--strategies", "threshold", "--grid", "eb:gamma=0.1"], "eb is not among --strategies"),
     (["--strategies", "threshold:kappa=0.8"], "give rule names here"),
@@ -210,8 +209,9 @@ def test_a_missing_output_is_one_line(capsys):
 
 # ---------------------------------------------------------------- a tiny sweep of the embedded model
 
-TINY = ["--limit", "4", "--batch-size", "4", "--strategies", "threshold,localleap", "--no-compile-cache",
-        "--grid", "threshold:kappa=0.5;0.9", "--grid", "localleap:kappa=0.9,tau=0.5;0.75,radius=4",
+TINY = ["--checkpoint", "embedded", "--limit", "4", "--batch-size", "4", "--strategies", "threshold,localleap",
+        "--no-compile-cache", "--grid", "threshold:kappa=0.5;0.9",
+        "--grid", "localleap:kappa=0.9,tau=0.5;0.75,radius=4",
         "--ablation", "kappa=0.8;0.9", "--ablation", "radius=0;4", "--ablation", "tau=0.75"]
 # Points, each scored once: threshold 0.5, 0.9; localleap (0.9, 4, 0.5), (0.9, 4, 0.75) = the centre,
 # (0.8, 4, 0.75), (0.9, 0, 0.75); the baseline low_confidence.
@@ -297,8 +297,8 @@ def test_the_plots_are_written(tiny):
 def test_a_point_answers_as_eval_gsm8k_does(tiny, tmp_path):
     out, record, _ = tiny
     specs = ["threshold:kappa=0.5", "threshold:kappa=0.9", "localleap:kappa=0.9,radius=4,tau=0.5"]
-    assert eval_gsm8k.main(["--limit", "4", "--batch-size", "4", "--no-compile-cache", "--strategies",
-                            ",".join(specs), "--output", str(tmp_path / "eval")]) == 0
+    assert eval_gsm8k.main(["--checkpoint", "embedded", "--limit", "4", "--batch-size", "4", "--no-compile-cache",
+                            "--strategies", ",".join(specs), "--output", str(tmp_path / "eval")]) == 0
     theirs = _samples(tmp_path / "eval")
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())["strategies"]
     ours = _samples(out)

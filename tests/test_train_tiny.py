@@ -11,9 +11,9 @@ import pytest
 from tokenizers import Tokenizer
 
 import localleap_jax as ll
-import synthetic_math
-import train_tiny
+from localleap_jax import synthetic_math
 from localleap_jax.checkpoint import EMBEDDED
+from localleap_jax.commands import train_tiny
 from localleap_jax.model import forward
 
 TINY = ["--steps", "6", "--batch-size", "8", "--d-model", "32", "--n-layers", "1", "--n-heads", "2",
@@ -189,7 +189,8 @@ def compilations_shared_between_runs(tmp_path):
     compilation_cache.reset_cache()
 
 
-def test_training_resumes_and_exports_a_loadable_checkpoint(tmp_path, monkeypatch, compilations_shared_between_runs):
+def test_training_resumes_and_exports_a_loadable_checkpoint(tmp_path, capsys, monkeypatch,
+                                                           compilations_shared_between_runs):
     out = tmp_path / "run"
     real_batch = train_tiny.make_batch
 
@@ -198,8 +199,9 @@ def test_training_resumes_and_exports_a_loadable_checkpoint(tmp_path, monkeypatc
             raise KeyboardInterrupt  # Ctrl-C during step 4 (index 4: four steps are done)
         return real_batch(step, *a)
     monkeypatch.setattr(train_tiny, "make_batch", interrupted)
-    with pytest.raises(SystemExit, match="interrupted after step 4; state saved"):
-        train_tiny.main(["--out", str(out), *TINY])
+    assert train_tiny.main(["--out", str(out), *TINY]) == 130
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith("interrupted (Ctrl-C) after step 4; state saved"), line
     assert (out / "train_state" / "4").exists() and not (out / "checkpoint").exists()
     monkeypatch.setattr(train_tiny, "make_batch", real_batch)
     train_tiny.main(["--out", str(out), *TINY])  # resumes at 4, runs to 6, exports
@@ -210,8 +212,10 @@ def test_training_resumes_and_exports_a_loadable_checkpoint(tmp_path, monkeypatc
     ids, mask = model.tokenizer.encode_batch(["Question: Mia has 3 pens. How many pens does Mia have?\nAnswer:"])
     out_gen = ll.generate(model, ids, mask, ll.DecodeConfig(gen_length=64, block_length=16))
     assert out_gen.tokens.shape == (1, ids.shape[1] + 64)
-    with pytest.raises(SystemExit, match="different configuration"):
-        train_tiny.main(["--out", str(out), *TINY, "--lr", "0.1"])
+    capsys.readouterr()
+    assert train_tiny.main(["--out", str(out), *TINY, "--lr", "0.1"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and "holds a run with a different configuration" in line, line
     # Resuming restored everything (parameters, optimizer moments, the schedule's step): the same six steps run
     # without a stop end in the same weights, bit for bit (a resume from fresh parameters or a fresh optimizer
     # state would not).

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from localleap_jax import checkpoint
+from localleap_jax import checkpoint, cli
 from localleap_jax.decode import DecodeConfig, prepare_inputs, run
 from localleap_jax.decode.config import prompt_arrays
 from localleap_jax.decode.run import check_slots
@@ -318,7 +318,7 @@ def follow_until_stopped(what: str = "run") -> int:
     says so; a second one quits) and a lost leader ended in one line. Returns the exit status."""
     def second_interrupt(signum, frame):
         print(f"interrupted: process {process_index()} left the {what}", file=sys.stderr, flush=True)
-        os._exit(130)
+        os._exit(cli.EXIT_INTERRUPTED)
 
     def first_interrupt(signum, frame):
         print(f"note: process {process_index()} follows process 0, which ends the {what}; Ctrl-C again to "

@@ -12,13 +12,11 @@ which the command lines print in one line (`command_line`); its messages name th
   outdir        check_output, default_output, OutputDir (OUT/.lock), holding, write_atomically
   progress      RunningAccuracy (the progress bar's), Progress (what a run that ends now keeps)
   run           resume_key, evaluate_once, run_strategy, collect, summarize, rule_record, config_record
-  command_line  OneLineParser and the flags' types, load_user_rules (--rules), termination_as_interrupt,
-                exit_status
+  command_line  load_user_rules (--rules), exit_status (how a run ends: localleap_jax.cli.run_command with
+                what it kept); the flags' types and the parser are localleap_jax.cli's
 """
 
-from localleap_jax.gsm8k.command_line import (EXIT_ERROR, EXIT_INTERRUPTED, RULES_HELP, OneLineParser, count,
-                                              exit_status, load_user_rules, positive, probability, seed,
-                                              termination_as_interrupt, whole_number)
+from localleap_jax.gsm8k.command_line import RULES_HELP, exit_status, load_user_rules
 from localleap_jax.gsm8k.data import DataPlan, Task, local_task, plan_data, read_gsm8k_jsonl, write_task
 from localleap_jax.errors import UserError
 from localleap_jax.gsm8k.loading import check_gen_length, find_checkpoint, load_model, read_model_config
@@ -28,9 +26,9 @@ from localleap_jax.gsm8k.run import (collect, config_record, evaluate_once, forg
                                      run_strategy, summarize, task_manager)
 from localleap_jax.gsm8k.settings import DEFAULTS, EvalSettings, default_strategies, model_defaults
 
-__all__ = ["DEFAULTS", "DataPlan", "EXIT_ERROR", "EXIT_INTERRUPTED", "EvalSettings", "OneLineParser", "OutputDir",
+__all__ = ["DEFAULTS", "DataPlan", "EvalSettings", "OutputDir",
            "Progress", "RULES_HELP", "RunningAccuracy", "Task", "UserError", "check_gen_length", "check_output", "collect", "default_output",
-           "config_record", "count", "evaluate_once", "exit_status", "find_checkpoint", "forget_answers", "holding",
-           "default_strategies", "load_model", "load_user_rules", "local_task", "read_model_config", "model_defaults", "plan_data", "positive", "probability", "read_gsm8k_jsonl",
-           "resume_key", "rule_record", "run_strategy", "seed", "summarize", "task_manager", "termination_as_interrupt",
-           "whole_number", "write_atomically", "write_task"]
+           "config_record", "evaluate_once", "exit_status", "find_checkpoint", "forget_answers", "holding",
+           "default_strategies", "load_model", "load_user_rules", "local_task", "read_model_config", "model_defaults", "plan_data", "read_gsm8k_jsonl",
+           "resume_key", "rule_record", "run_strategy", "summarize", "task_manager", "write_atomically",
+           "write_task"]

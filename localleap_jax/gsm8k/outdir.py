@@ -14,17 +14,15 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from localleap_jax import cli
 from localleap_jax.errors import UserError
 from localleap_jax.gsm8k.progress import Progress
 
 
 def check_output(out: Path) -> None:
-    """Refuse an --output that cannot be a directory, before anything is loaded or created."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--output {out} is a file, not a directory")
-    parent = next(p for p in (out, *out.parents) if p.exists())
-    if not parent.is_dir():
-        raise UserError(f"--output {out}: {parent} is a file, not a directory")
+    """Refuse an --output that cannot be a directory or cannot be written, before anything is loaded or created
+    (nothing is left behind: `cli.check_writable_dir`)."""
+    cli.check_writable_dir(out, "--output")
 
 
 def default_output(parent: Path, checkpoint: Path, manifest: dict | None = None, prefix: str = "") -> Path:

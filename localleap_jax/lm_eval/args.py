@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from localleap_jax.cli import DEFAULT_CHECKPOINT
 from localleap_jax.errors import ModelArgsError
 from localleap_jax.decode import DecodeConfig, DecodeError, check_room
 from localleap_jax.likelihood import ESTIMATOR_NAMES, LikelihoodConfig, LikelihoodError
@@ -124,7 +125,7 @@ def _as_mesh(value):
 
 # The adapter's own settings (every DecodeConfig field is a setting too): name -> (parse, default).
 ADAPTER_ARGS: dict[str, tuple[Callable, Any]] = {
-    "checkpoint": (_as_optional(_as_str), None),
+    "checkpoint": (_as_optional(_as_str), DEFAULT_CHECKPOINT),  # the embedded chain model; "embedded": tiny-math
     "batch_size": (_as_batch_size, 8),
     # Continuous batching: the loop holds `slots` rows (default: batch_size) and each compiled call takes `queue`
     # prompts (default: 4 x slots), a finished row's slot taking the next one inside the loop. queue == slots:

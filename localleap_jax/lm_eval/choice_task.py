@@ -20,8 +20,8 @@ import random
 import sys
 from pathlib import Path
 
+from localleap_jax import cli
 from localleap_jax.synthetic_math import take
-from localleap_jax.families import read_config_file
 
 TASK = "synthetic_math_choice"
 
@@ -67,39 +67,32 @@ def write_choice_task(out: str | Path, tokenizer, n: int = 200, seed: int = 0) -
     return TASK, out / "tasks"
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m localleap_jax.lm_eval.choice_task", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(prog="python -m localleap_jax.lm_eval.choice_task", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", help="directory to write into (OUT/tasks is the --include_path)")
-    ap.add_argument("--n", type=_positive, default=200, help="items (default 200)")
+    ap.add_argument("--n", type=cli.positive, default=200, help="items (default 200)")
     ap.add_argument("--checkpoint", default="embedded", help="whose chat format the contexts use (default embedded)")
     args = ap.parse_args(argv)
-    from localleap_jax.checkpoint import CheckpointError
-    from localleap_jax.resolve import resolve_checkpoint
-    from localleap_jax.tokenizer import Tokenizer, TokenizerError
+    return cli.run_command(lambda: write(args))
 
+
+def write(args) -> None:
+    from localleap_jax.families import read_config_file
+    from localleap_jax.resolve import resolve_checkpoint
+    from localleap_jax.errors import UserError
+    from localleap_jax.tokenizer import Tokenizer
+
+    path = resolve_checkpoint(args.checkpoint)
+    config = read_config_file(path / "config.json")
+    tokenizer = Tokenizer.from_dir(path, mask_id=config.mask_token_id, eos_id=config.eos_token_id,
+                                   pad_id=config.pad_token_id)
     try:
-        path = resolve_checkpoint(args.checkpoint)
-        config = read_config_file(path / "config.json")
-        tokenizer = Tokenizer.from_dir(path, mask_id=config.mask_token_id, eos_id=config.eos_token_id,
-                                       pad_id=config.pad_token_id)
         name, include = write_choice_task(Path(args.out).expanduser().resolve(), tokenizer, args.n)
-    except (CheckpointError, TokenizerError, OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except ValueError as e:  # too few problems, or a tokenizer the task cannot use
+        raise UserError(str(e)) from None
     print(f"wrote the lm-eval task {name} ({args.n} items) into {include}: pass --include_path {include} "
           f"--tasks {name}")
-    return 0
 
 
 if __name__ == "__main__":

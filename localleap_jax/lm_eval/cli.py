@@ -1,5 +1,6 @@
 """The command line: `lm_eval` with the `localleap` model registered, taking exactly lm_eval's arguments,
-and ending a mistake with one `error: ...` line (status 2). What can be checked in a second (the model
+and ending as every command does (`localleap_jax.cli`): a mistake in one `error: ...` line (status 2), Ctrl-C,
+SIGTERM or SIGHUP in one line saying what was kept (status 130). What can be checked in a second (the model
 arguments, the stats path, the checkpoint's files and length) is checked before lm-eval indexes its tasks."""
 
 from __future__ import annotations
@@ -7,12 +8,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from localleap_jax import processes
+from localleap_jax import cli, processes
 from localleap_jax.checkpoint import CheckpointError, read_manifest
 from localleap_jax.errors import ConfigError
 from localleap_jax.resolve import is_hub_id, resolve_checkpoint
 from localleap_jax.decode import DecodeConfig, DecodeError
 from localleap_jax.dist.multihost import leading
+from localleap_jax.errors import LocalLeapError, UserError
 from localleap_jax.lm_eval.args import ModelArgsError, check_gen_length, parse_model_args, refuse_python_only
 from localleap_jax.lm_eval.devices import follow, join_and_mesh, processes_of
 from localleap_jax.lm_eval.identity import CacheMismatchError
@@ -93,34 +95,60 @@ def main(argv: list[str] | None = None) -> int:
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     setup_logging()
-    cli = HarnessCLI()
-    args = cli.parse_args()
+    harness = HarnessCLI()
+    args = harness.parse_args()
+    settings: dict = {}
+    if getattr(args, "model", None) == "localleap":
+        status = cli.run_command(lambda: settings.update(prepare(args)), lambda why: interrupted(args, why))
+        if status:
+            return status
+        if processes.is_follower():  # no lm-eval here: carry out process 0's generations (signals: its own)
+            return follow(settings["compile_cache"])
     try:
-        if getattr(args, "model", None) == "localleap":
-            given = _cli_model_args(args)
-            preflight(given)
-            settings, _ = parse_model_args(given)
-            processes.initialize(processes_of(settings))  # before anything touches a JAX backend
-            if processes.is_follower():  # no lm-eval here: carry out process 0's generations
-                return follow(settings["compile_cache"])
-            join_and_mesh(settings)  # a mesh the devices cannot hold is refused now, not after lm-eval's indexing
-        with leading():  # the followers are released however this ends
-            cli.execute(args)
+        return cli.run_command(lambda: evaluate(harness, args, settings), lambda why: interrupted(args, why))
     except processes.LostProcessError as e:
         processes.exit_lost(str(e))
-    except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+
+def prepare(args) -> dict:
+    """The localleap model's arguments checked and the processes joined, before lm-eval starts; its settings."""
+    given = _cli_model_args(args)
+    preflight(given)
+    settings, _ = parse_model_args(given)
+    processes.initialize(processes_of(settings))  # before anything touches a JAX backend
+    return settings
+
+
+def check_outputs(args) -> None:
+    """What lm-eval will write, tried before it starts: --output_path (a directory, or a .json file's directory;
+    lm-eval writes it at the very end and only warns when it cannot) and --use_cache (PATH_rank<N>.db)."""
+    if getattr(args, "output_path", None):
+        path = Path(args.output_path)
+        cli.check_writable_dir(path.parent if path.suffix == ".json" else path, "--output_path", path)
+    if getattr(args, "use_cache", None):
+        cli.check_writable_dir(Path(args.use_cache).expanduser().resolve().parent, "--use_cache", args.use_cache)
+
+
+def evaluate(harness, args, settings: dict) -> int:
+    """lm-eval's run, on process 0 (or the only process); a task whose data cannot be fetched: one line."""
+    check_outputs(args)
+    try:
+        if settings:
+            join_and_mesh(settings)  # a mesh the devices cannot hold is refused now, not after lm-eval's indexing
+        with leading():  # the followers are released however this ends
+            harness.execute(args)
+    except LocalLeapError:
+        raise
     except Exception as e:  # a task whose data lm-eval cannot fetch: one line saying what to do instead
         cause = unreachable_data(e)
         if cause is None:
             raise
-        print(f"error: {offline_message(cause, getattr(args, 'tasks', '?'))}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        cache = getattr(args, "use_cache", None)
-        kept = (f"answers finished so far are kept in the response cache {cache}*; rerun the same command to resume"
-                if cache else "nothing was kept (pass --use_cache PATH to make a run resumable)")
-        print(f"interrupted: {kept}", file=sys.stderr)
-        return 130
+        raise UserError(offline_message(cause, getattr(args, "tasks", "?"))) from None
     return 0
+
+
+def interrupted(args, why: str) -> str:
+    cache = getattr(args, "use_cache", None)
+    kept = (f"answers finished so far are kept in the response cache {cache}*; rerun the same command to resume"
+            if cache else "nothing was kept (pass --use_cache PATH to make a run resumable)")
+    return f"interrupted ({why}): {kept}"

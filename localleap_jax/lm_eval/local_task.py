@@ -16,26 +16,25 @@ import argparse
 import sys
 from pathlib import Path
 
-from localleap_jax.gsm8k import UserError, plan_data, write_task
+from localleap_jax import cli
+from localleap_jax.gsm8k import plan_data, write_task
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m localleap_jax.lm_eval.local_task", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.OneLineParser(prog="python -m localleap_jax.lm_eval.local_task", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", help="directory to write into (OUT/tasks is the --include_path)")
     ap.add_argument("--data", help="a GSM8K-format JSONL file (question, answer); default: the synthetic split")
     args = ap.parse_args(argv)
-    out = Path(args.out).expanduser().resolve()
-    try:
-        plan = plan_data(args.data, None, 0, {"eval_data": "synthetic_math", "eval_data_spec": {"n": 500, "seed": 0}})
-        out.mkdir(parents=True, exist_ok=True)
-        task = write_task(plan, out)
-    except (UserError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return cli.run_command(lambda: write(Path(args.out).expanduser().resolve(), args.data))
+
+
+def write(out: Path, data: str | None) -> None:
+    plan = plan_data(data, None, 0, {"eval_data": "synthetic_math", "eval_data_spec": {"n": 500, "seed": 0}})
+    out.mkdir(parents=True, exist_ok=True)
+    task = write_task(plan, out)
     print(f"wrote the lm-eval task {task.name} over {plan.description} into {task.include}: pass "
           f"--include_path {task.include} --tasks {task.name}")
-    return 0
 
 
 if __name__ == "__main__":

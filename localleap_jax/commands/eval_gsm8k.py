@@ -1,0 +1,274 @@
+"""GSM8K with lm-eval-harness's protocol, decoding strategies side by side.
+
+    python experiments/eval_gsm8k.py                       # the embedded chain model, offline, ~7 min on 2 CPU cores
+    python experiments/eval_gsm8k.py --model GSAI-ML/LLaDA-8B-Instruct          # GPU/TPU: converts once, then reuses
+    python experiments/eval_gsm8k.py --checkpoint DIR --data test.jsonl --limit 200
+    python experiments/eval_gsm8k.py --rules path/to/myrules.py --strategies steady:k=2,threshold   # your own rule
+
+lm-eval provides the task (few-shot prompts, stop strings), the filters (`strict-match`,
+`flexible-extract`) and the metric; `localleap_jax.lm_eval` only generates. Every
+strategy runs on the same items. Results go to --output: samples.jsonl (one line per sample and
+strategy), summary.json, and lm-eval's response cache, so rerunning with the same --output skips
+what is done (also after an interruption mid-strategy). The cache is keyed on what the answers
+depend on (the weights' content, the tokenizer, the data's content, every setting that changes
+tokens, the code of each rule), so a changed model, setting or edited rule is generated again, never
+read from an old run. One run holds --output at a time (OUT/.lock names it). The machinery is
+`localleap_jax.gsm8k` (shared with sweep.py); this is its command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from localleap_jax import cli, processes
+from localleap_jax.checkpoint import EMBEDDED_MODELS
+from localleap_jax.cli import count, positive, probability, seed
+from localleap_jax.decode import CACHE_MODES, DecodeError
+from localleap_jax.dist.multihost import leading, mesh_for_run
+from localleap_jax.gsm8k import (RULES_HELP, EvalSettings, Progress, UserError, check_gen_length, check_output,
+                                 collect, config_record, default_output, default_strategies, exit_status,
+                                 find_checkpoint, holding, load_model, load_user_rules, plan_data, read_model_config,
+                                 rule_record, run_strategy, summarize, write_atomically, write_task)
+from localleap_jax.lm_eval import follow
+from localleap_jax.partition import parse_mesh
+from localleap_jax.rules import split_specs
+
+RUNS = Path("runs") / "eval_gsm8k"  # the default --output's parent, under the current directory
+LLADA_HINT = ("To evaluate LLaDA-8B-Instruct (GPU/TPU, internet for the first run): "
+              "python experiments/eval_gsm8k.py --model GSAI-ML/LLaDA-8B-Instruct --limit 200")
+
+
+# ---------------------------------------------------------------- command line
+
+
+def names(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def parse_args(argv=None):
+    ap = cli.OneLineParser(prog="python experiments/eval_gsm8k.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--checkpoint", help="converted checkpoint directory, or embedded-chain (the default: tiny-chain, "
+                     "where the rules score apart), embedded (tiny-math), embedded-sdar")
+    src.add_argument("--model", help="hub id, e.g. GSAI-ML/LLaDA-8B-Instruct: converted once into "
+                                     "~/.cache/localleap_jax/checkpoints and reused")
+    ap.add_argument("--data", help="GSM8K-format JSONL (question, answer) to evaluate on (default: the embedded "
+                                   "model's held-out synthetic split, or lm-eval's gsm8k from the hub)")
+    ap.add_argument("--fewshot-data", help="JSONL to draw few-shot examples from (default: train.jsonl beside --data, "
+                                           "else --data itself, never a problem's own example)")
+    ap.add_argument("--strategies",
+                    help="comma-separated rules, each a name with optional settings, e.g. "
+                         "localleap,threshold:kappa=0.8,eb:gamma=0.01,klass:tau_c=0.6,tau_kl=0.015; the first is the "
+                         "baseline of the ratios (default: low_confidence,threshold,localleap; for a block-diffusion "
+                         "model low_confidence,dynamic:threshold=0.9,threshold,localleap; names: low_confidence, "
+                         "threshold, localleap, factor, eb, margin, entropy, klass, stable, dynamic; and those "
+                         "--rules registers)"),
+    ap.add_argument("--rules", action="append", metavar="FILE.py|MODULE", help=RULES_HELP)
+    ap.add_argument("--limit", type=positive, help="evaluate only the first N problems")
+    ap.add_argument("--batch-size", type=positive, default=32, help="rows decoded at once (default 32)")
+    ap.add_argument("--slots", type=positive, help="continuous batching: rows the loop holds (default: --batch-size); "
+                                                   "a finished row's slot takes the next prompt inside the loop")
+    ap.add_argument("--queue", type=positive, help="prompts per compiled call through the slots (default 4 x "
+                                                   "--slots; equal to --slots: fixed batches, as before slots)")
+    ap.add_argument("--gen-length", type=positive, help="generation canvas (default 256; the embedded model's own: 64)")
+    ap.add_argument("--block-length", type=positive, help="block size (default 32; embedded model: 16; a "
+                                                            "block-diffusion model: its own block_size)")
+    ap.add_argument("--num-fewshot", type=count, help="few-shot examples (default 5; embedded model: 0)")
+    ap.add_argument("--truncate-fewshot", action="store_true",
+                    help="drop few-shot examples from the front of a prompt that is too long for the model (counted "
+                         "in summary.json) instead of refusing the run")
+    ap.add_argument("--steps", type=positive, help="steps of the rules on LLaDA's schedule (low_confidence, margin, "
+                                                   "entropy, klass; default gen_length: one token per step)")
+    ap.add_argument("--kappa", type=probability, help="anchor / threshold confidence of the rules that take it "
+                                                      "(default: the rule's, 0.9); a rule's own setting wins")
+    ap.add_argument("--tau", type=probability, help="relaxed threshold near an anchor (localleap; default 0.75)")
+    ap.add_argument("--radius", type=count, help="W, the anchor neighbourhood (localleap; default 4)")
+    ap.add_argument("--cache", default="auto",
+                    help="KV cache: auto, none, prefix, dual or block (default auto: the exact block cache for a "
+                         "block-diffusion model, none otherwise); a comma-separated list runs each, names the rows "
+                         "strategy+cache and reports the fraction of outputs identical to the first mode's")
+    ap.add_argument("--early-stop", action="store_true", help="stop a row after a finished block that holds EOS")
+    ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+                    help="parameter dtype: auto (fp32 on CPU, bf16 on GPU/TPU), bfloat16, float32")
+    ap.add_argument("--output", help="output directory (default runs/eval_gsm8k/<model>-<8 hex of its weights' "
+                    "fingerprint>, under the current directory)")
+    ap.add_argument("--no-compile-cache", action="store_true", help="do not use JAX's persistent compilation cache")
+    ap.add_argument("--seed", type=seed, default=0)
+    dist = ap.add_argument_group("devices and processes", "every process of a multi-process run runs the same "
+                                 "command (with its own --process-id); process 0 writes everything")
+    dist.add_argument("--mesh", help="data=D,model=M: split the batch D ways and the weights M ways over all devices "
+                                     "(an axis left out takes the rest); default: without --mesh one process "
+                                     "replicates the weights on each local device (pmap), several processes use "
+                                     "model=1")
+    dist.add_argument("--coordinator", help="HOST:PORT of process 0, to join a multi-process run (or JAX_COORDINATOR_"
+                                            "ADDRESS; 'auto': let JAX detect the cluster, e.g. a TPU pod or SLURM)")
+    dist.add_argument("--num-processes", type=positive, help="processes in the run (or JAX_NUM_PROCESSES)")
+    dist.add_argument("--process-id", type=count, help="this process's number, 0 to N-1 (or JAX_PROCESS_ID)")
+    args = ap.parse_args(argv)
+    args.strategies = None if args.strategies is None else split_specs(args.strategies)
+    args.caches = names(args.cache)
+    for flag, given in (("--strategies", ["-"] if args.strategies is None else args.strategies),
+                        ("--cache", args.caches)):
+        if not given:
+            ap.error(f"argument {flag}: no names given")
+        twice = sorted({n for n in given if given.count(n) > 1})
+        if twice:
+            ap.error(f"argument {flag}: {', '.join(twice)} given twice")
+    bad_cache = [c for c in args.caches if c not in ("auto", *CACHE_MODES)]
+    if bad_cache:
+        ap.error(f"argument --cache: unknown cache {', '.join(bad_cache)}; choose from auto, {', '.join(CACHE_MODES)}")
+    if args.fewshot_data and not args.data:
+        ap.error("argument --fewshot-data: needs --data (the default data brings its own few-shot examples)")
+    if args.mesh is not None:
+        try:
+            parse_mesh(args.mesh)
+        except DecodeError as e:
+            ap.error(f"argument --{e}")
+    return args
+
+
+# ---------------------------------------------------------------- running
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        mesh = join_processes(args)  # first thing: nothing may touch a JAX backend before the processes are joined
+    except UserError as e:
+        print(f"error: {cli.one_line(e)}", file=sys.stderr)
+        return cli.EXIT_ERROR
+    if processes.is_follower():
+        return follow(compile_cache=not args.no_compile_cache)  # runs the leader's generations; writes nothing
+    progress = Progress()
+    try:
+        return exit_status(lambda: lead(args, mesh, progress), progress)
+    except processes.LostProcessError as e:
+        progress.flush()
+        processes.exit_lost(f"{e}; {progress.kept()}")
+
+
+def join_processes(args):
+    """Join the other processes (--coordinator ...; nothing for one process), then the --mesh over every
+    device of every process (None: the single-process pmap path)."""
+    try:
+        processes.initialize(processes.processes_from(args.coordinator, args.num_processes, args.process_id))
+    except processes.DistributedError as e:
+        raise UserError(str(e)) from None
+    try:
+        return mesh_for_run(args.mesh)
+    except DecodeError as e:
+        raise UserError(f"--{e}") from None
+
+
+def lead(args, mesh, progress: Progress) -> int:
+    """The run, on process 0 (or the only process)."""
+    with leading():  # the followers are released however this ends
+        return run(args, mesh, progress)
+
+
+def run(args, mesh, progress: Progress) -> int:
+    # Everything that can be checked cheaply is checked before anything is created or loaded.
+    if args.output:
+        check_output(Path(args.output).expanduser().resolve())
+    load_user_rules(args.rules)  # process 0 only: a follower loads what each generation's message names
+    path, manifest = find_checkpoint(args.model or args.checkpoint or cli.DEFAULT_CHECKPOINT)
+    config = read_model_config(path)
+    args.strategies = args.strategies or split_specs(default_strategies(config, manifest))
+    settings = EvalSettings.for_model(
+        manifest, model=config, gen_length=args.gen_length, block_length=args.block_length, num_fewshot=args.num_fewshot,
+        batch_size=args.batch_size, slots=args.slots, queue=args.queue, limit=args.limit, seed=args.seed, truncate_fewshot=args.truncate_fewshot,
+        early_stop=args.early_stop, cache=args.caches[0], steps=args.steps, kappa=args.kappa, tau=args.tau,
+        radius=args.radius, compile_cache=not args.no_compile_cache, mesh=mesh)
+    if not config.block_causal and settings.gen_length % settings.block_length:
+        raise UserError(f"--gen-length {settings.gen_length} is not a multiple of --block-length {settings.block_length}"
+                        " (the canvas is cut into whole blocks)")
+    for cache_mode in args.caches:  # every strategy with every cache of the list, before any work
+        check_strategies(args.strategies, dataclasses.replace(settings, cache=cache_mode),
+                         f" with --cache {cache_mode}" if len(args.caches) > 1 else "")
+    check_gen_length(settings.gen_length, path)
+    plan = plan_data(args.data, args.fewshot_data, settings.num_fewshot, manifest)
+    out = Path(args.output or default_output(RUNS, path, manifest)).expanduser().resolve()
+    check_output(out)
+
+    with holding(out, progress):  # held from here on, so a second run is refused before it loads anything
+        model = load_model(path, args.dtype, mesh)
+        task = write_task(plan, out)
+        print(f"model {path} ({model.config.num_params / 1e6:.1f}M params, {model.dtype}); data: {plan.description}; "
+              f"{settings.num_fewshot}-shot, gen {settings.gen_length}, block {settings.block_length}, "
+              f"cache {args.cache}; output {out}")
+        summary, samples = evaluate_all(model, args.strategies, args.caches, settings, task, out, progress)
+        write_results(out, summary, samples, config_record(settings, args.cache, path, model, plan, task))
+    print_table(summary)
+    print(f"\nwrote {out / 'samples.jsonl'} and {out / 'summary.json'}")
+    if path.resolve() in {p.resolve() for p in EMBEDDED_MODELS.values()}:
+        print(LLADA_HINT)
+    return 0
+
+
+def check_strategies(strategies: list[str], settings: EvalSettings, where: str = "") -> None:
+    """Every --strategies entry with the decoding flags, checked together before anything is loaded."""
+    for strategy in strategies:
+        try:
+            settings.check(strategy)
+        except DecodeError as e:
+            hint = "; a rule of your own: --rules path/to/myrules.py" if str(e).startswith("unknown strategy") else ""
+            raise UserError(f"--strategies {strategy}{where}: {e}{hint}") from None
+
+
+def evaluate_all(model, strategies, caches, settings, task, out, progress) -> tuple[dict, list[dict]]:
+    summary, all_rows, texts = {}, [], {}
+    for cache_mode in caches:
+        for strategy in strategies:
+            name = strategy if len(caches) == 1 else f"{strategy}+{cache_mode}"
+            t0 = time.time()
+            lm, samples, batches = run_strategy(model, strategy, dataclasses.replace(settings, cache=cache_mode),
+                                                task, out, progress)
+            rows = collect(name, lm, samples)
+            all_rows += rows
+            summary[name] = {**summarize(rows), **rule_record(lm.cfg)}  # the rule's full spec and code digest
+            texts[strategy, cache_mode] = [r["generated"] for r in rows]
+            if cache_mode != caches[0]:  # how often the cached approximation changed nothing
+                same = [a == b for a, b in zip(texts[strategy, cache_mode], texts[strategy, caches[0]])]
+                summary[name][f"identical_to_{caches[0]}"] = sum(same) / len(same)
+            truncated = f", {summary[name]['truncated']} prompts lost few-shot examples" if summary[name]["truncated"] else ""
+            print(f"{name}: {summary[name]['accuracy_strict']:.3f} strict, mean NFE "
+                  f"{summary[name]['mean_nfe']:.1f} ({batches} batches generated, {time.time() - t0:.0f}s{truncated})")
+    first = next(iter(summary.values()))
+    for s in summary.values():
+        s["nfe_ratio"] = s["mean_nfe"] / max(first["mean_nfe"], 1e-9)
+        s["speedup"] = first["seconds_per_sample"] / max(s["seconds_per_sample"], 1e-9)
+    return summary, all_rows
+
+
+def print_table(summary: dict) -> None:
+    names_ = list(summary)
+    same_key = next((k for s in summary.values() for k in s if k.startswith("identical_to_")), None)
+    width = max(16, max(map(len, names_)) + 2)
+    print(f"\n{'strategy':<{width}}{'strict':>8}{'flexible':>10}{'mean NFE':>10}{'remasks':>9}{'NFE ratio':>11}"
+          f"{'speedup':>9}"
+          f"{'tok/s':>9}{'s/sample':>10}{'compile s':>11}{'passes':>8}{'occupied':>9}{'n':>6}"
+          + (f"{'same':>7}" if same_key else ""))
+    for name in names_:
+        s = summary[name]
+        same = f"{s[same_key]:>7.2f}" if same_key and same_key in s else ("      -" if same_key else "")
+        print(f"{name:<{width}}{s['accuracy_strict']:>8.3f}{s['accuracy_flexible']:>10.3f}{s['mean_nfe']:>10.1f}"
+              f"{s.get('mean_remasks', 0.0):>9.2f}"
+              f"{s['nfe_ratio']:>11.3f}{s['speedup']:>8.2f}x{s['tokens_per_second']:>9.1f}"
+              f"{s['seconds_per_sample']:>10.4f}{s['compile_seconds']:>11.1f}"
+              + (f"{s['passes']:>8.0f}{s['occupancy']:>9.2f}" if s.get("passes") is not None else f"{'-':>8}{'-':>9}")
+              + f"{s['n']:>6}{same}")
+
+
+def write_results(out: Path, summary: dict, rows: list[dict], config: dict) -> None:
+    write_atomically(out / "samples.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    write_atomically(out / "summary.json", json.dumps({"strategies": summary, "config": config}, indent=2))
+

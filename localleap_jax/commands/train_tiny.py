@@ -1,0 +1,467 @@
+"""Train the small LLaDA-architecture model on synthetic GSM8K-format problems.
+
+LLaDA's SFT objective: the prompt is kept; the answer canvas (answer, EOT, then EOS up to
+`--gen-length`) is masked with ratio t ~ U(0, 1) per sample, and the loss is the
+cross-entropy on masked positions weighted by 1/t, averaged over the canvas length. The t of
+a batch are stratified (one per 1/B slice of [0, 1]) to cut the variance; each t is still
+marginally uniform. `--decode-like F` masks a share F of the rows as block-by-block decoding sees
+them instead (the answer blocks of `--block-length` before a drawn block clean, that block at ratio
+t, every later block all masks; only that block scored): the case every commit of a decoding pass is
+decided in, which independent masking rarely shows (see `sft_loss`).
+
+Same `model.py` as inference; optax AdamW with warm-up and cosine decay; Orbax checkpoints
+every `--save-every` steps that a rerun resumes from; the output is a checkpoint directory
+in the format `convert` writes, so `localleap_jax.load` reads both.
+
+    python experiments/train_tiny.py --out runs/tiny --steps 5000
+
+`--family sdar` trains the block-diffusion (SDAR / BD3-LM) variant instead: the same network with per-head
+q/k RMSNorm and block-causal attention (`--block-size`, default 4), under the block-diffusion SFT objective
+of `bd_sft_loss` (see `block_diffusion_attention` for its attention mask). SDAR is made by adapting a
+pretrained model to block diffusion, so `--init-from DIR` warm-starts from a checkpoint directory (every
+parameter leaf whose shape matches is copied, its tokenizer is used; new leaves such as q_norm/k_norm keep
+their init):
+
+    python experiments/train_tiny.py --family sdar --init-from localleap_jax/assets/tiny-math \
+        --out runs/tiny-sdar --steps 1000 --lr 5e-4 --warmup 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from tqdm import tqdm
+
+from localleap_jax import checkpoint, cli, synthetic_math
+from localleap_jax.config import ModelConfig
+from localleap_jax.errors import UserError
+from localleap_jax.model import forward, head, init_params, positions_from_mask, trunk_masked
+from localleap_jax.tokenizer import Tokenizer, left_pad, make_tokenizer
+
+PROMPT = "Question: {question}\nAnswer:"  # lm-eval's gsm8k doc_to_text, 0-shot
+CHAIN_STRATEGIES = "low_confidence,threshold:kappa=0.5,threshold,localleap"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 5000
+    batch_size: int = 64
+    lr: float = 2e-3
+    warmup: int = 200
+    weight_decay: float = 0.01
+    seed: int = 0
+    gen_length: int = 64
+    prompt_length: int = 72
+    vocab_size: int = 384
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    mlp_hidden_size: int = 512
+    task: str = "math"
+    decode_like: float = 0.0
+    block_length: int = 16
+
+
+# What each TrainConfig field is, as `--help` prints it (with its default).
+FIELD_HELP = {
+    "steps": "optimizer steps",
+    "batch_size": "rows per step",
+    "lr": "peak learning rate (AdamW; linear warm-up, then cosine decay to 5%% of it)",
+    "warmup": "warm-up steps",
+    "weight_decay": "AdamW weight decay",
+    "seed": "seed of the data stream, the tokenizer corpus and the initialisation",
+    "gen_length": "answer canvas: answer + EOT + EOS padding, in tokens",
+    "prompt_length": "prompts are left-padded to this many tokens (a longer batch: to a multiple of 8)",
+    "vocab_size": "tokenizer vocabulary (built from the task's corpus; --init-from brings its own)",
+    "d_model": "model width",
+    "n_layers": "transformer blocks",
+    "n_heads": "attention heads",
+    "mlp_hidden_size": "SwiGLU hidden width",
+    "task": "synthetic_math.TASKS: math (tiny-math's), chain, chain3, chain6 (tiny-chain's stages)",
+    "decode_like": "share of rows masked as block-by-block decoding sees them (sft_loss; llada only)",
+    "block_length": "decode_like's blocks, and the export's default decoding block (llada)",
+}
+
+
+def build_tokenizer(cfg: TrainConfig, out_dir: Path) -> Tokenizer:
+    if not (out_dir / "tokenizer.json").exists():
+        corpus = [PROMPT.format(question=p["question"]) + " " + p["answer"]
+                  for p in synthetic_math.take("train", 20000, seed=cfg.seed, unique=False, task=cfg.task)]
+        make_tokenizer(corpus, cfg.vocab_size).save_pretrained(str(out_dir))
+    from transformers import PreTrainedTokenizerFast
+    hf = PreTrainedTokenizerFast.from_pretrained(str(out_dir))
+    return Tokenizer(hf, mask_id=hf.mask_token_id, eos_id=hf.eos_token_id)
+
+
+def model_config(cfg: TrainConfig, tok: Tokenizer) -> ModelConfig:
+    return ModelConfig(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_heads, n_layers=cfg.n_layers,
+                       mlp_hidden_size=cfg.mlp_hidden_size, vocab_size=len(tok.hf), embedding_size=len(tok.hf),
+                       rope_theta=10000.0, max_sequence_length=512, mask_token_id=tok.mask_id,
+                       eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+
+
+def sdar_model_config(cfg: TrainConfig, tok: Tokenizer, block_size: int) -> ModelConfig:
+    """The same network as `model_config`'s in SDAR's (Qwen3) layout: q/k RMSNorm per head, an untied head,
+    and block-causal attention on blocks of `block_size`."""
+    return dataclasses.replace(model_config(cfg, tok), family="sdar", qk_norm=True, block_size=block_size,
+                               explicit_head_dim=cfg.d_model // cfg.n_heads, tie_word_embeddings=False)
+
+
+def warm_start(params, source):
+    """`params` with every leaf that `source` has at the same path and shape replaced by source's (as float32
+    copies); returns (params, copied paths, kept paths: leaves left at their init)."""
+    flat_source = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(source)}
+    copied, kept = [], []
+
+    def take(path, leaf):
+        name = jax.tree_util.keystr(path)
+        other = flat_source.get(name)
+        if other is not None and other.shape == leaf.shape:
+            copied.append(name)
+            return jnp.asarray(other, leaf.dtype)
+        kept.append(name)
+        return leaf
+    return jax.tree_util.tree_map_with_path(take, params), copied, kept
+
+
+def make_batch(step: int, cfg: TrainConfig, tok: Tokenizer):
+    """Tokens [B, P+G], real-token mask [B, P+G], answer-canvas mask [B, P+G]; deterministic in (seed, step)."""
+    stream = synthetic_math.problems("train", seed=f"{cfg.seed}-{step}", task=cfg.task)
+    probs = [next(stream) for _ in range(cfg.batch_size)]
+    prompts = [tok.encode(PROMPT.format(question=p["question"])) for p in probs]
+    prompt_ids, prompt_mask = left_pad(prompts, tok.pad_id)
+    # A rare longer prompt widens its batch (left padding changes no logit: positions start at the first real
+    # token) rather than ending a run an hour in; multiples of 8 keep the compiled shapes few.
+    width = max(cfg.prompt_length, -(-prompt_ids.shape[1] // 8) * 8)
+    pad = width - prompt_ids.shape[1]
+    prompt_ids = np.pad(prompt_ids, ((0, 0), (pad, 0)), constant_values=tok.pad_id)
+    prompt_mask = np.pad(prompt_mask, ((0, 0), (pad, 0)))
+    canvas = np.full((cfg.batch_size, cfg.gen_length), tok.eos_id, np.int32)
+    for i, p in enumerate(probs):
+        ans = tok.hf(p["answer"], add_special_tokens=False)["input_ids"] + [tok.eot_id]
+        if len(ans) > cfg.gen_length:
+            raise ValueError(f"an answer has {len(ans)} tokens > --gen-length {cfg.gen_length}")
+        canvas[i, :len(ans)] = ans
+    tokens = np.concatenate([prompt_ids, canvas], axis=1)
+    mask = np.concatenate([prompt_mask, np.ones_like(canvas, bool)], axis=1)
+    answer = np.concatenate([np.zeros_like(prompt_mask), np.ones_like(canvas, bool)], axis=1)
+    return tokens, mask, answer
+
+
+def sft_loss(params, tokens, mask, answer, rng, *, config: ModelConfig, decode_like: float = 0.0,
+             block_length: int = 16):
+    """LLaDA's SFT loss (see the module docstring). With `decode_like` > 0, that share of rows (drawn per row)
+    is masked as block-by-block decoding sees the canvas instead: a block j of `block_length` answer columns
+    is drawn uniformly, the blocks before it are clean, block j is masked at the row's ratio t, every block
+    after it is all masks, and only block j is scored (its masked cross-entropy weighted 1/t, over the
+    block's length). Under independent masking a masked value usually has a copy of itself in view (the
+    next step's operand), so the model rarely learns how sure to be when the steps after it are still
+    masks, which is the case every parallel commit of a block's first pass is decided in."""
+    B, L = tokens.shape
+    p_mask, masked = noise(rng, answer, B)
+    scored, per_row_len = masked, answer.sum(axis=1)
+    if decode_like:
+        k_row, k_block, k_m = jax.random.split(jax.random.fold_in(rng, 1), 3)
+        column = jnp.cumsum(answer, axis=1) - 1  # answer column of each position (-1 before the canvas)
+        n_blocks = -(-per_row_len // block_length)
+        block = jnp.floor(jax.random.uniform(k_block, (B,)) * n_blocks).astype(jnp.int32)[:, None]
+        col_block = jnp.where(answer, column // block_length, -1)
+        in_block = col_block == block
+        block_masked = (in_block & (jax.random.uniform(k_m, (B, L)) < p_mask[:, None])) | (col_block > block)
+        decode_row = (jax.random.uniform(k_row, (B,)) < decode_like)[:, None]
+        masked = jnp.where(decode_row, block_masked, masked)
+        scored = jnp.where(decode_row, block_masked & in_block, masked)
+        per_row_len = jnp.where(decode_row[:, 0], in_block.sum(axis=1), per_row_len)
+    noisy = jnp.where(masked, config.mask_token_id, tokens)
+    logits = forward(params, noisy, mask, config)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens)
+    per_row = jnp.sum(jnp.where(scored, ce, 0.0), axis=1) / p_mask / per_row_len
+    return per_row.mean()
+
+
+def noise(rng, answer, batch: int):
+    """The masking draw both objectives share: stratified t per row (marginally U(0, 1)), LLaDA's floored
+    mask probability p, and which answer-canvas positions are masked (independently, with probability p)."""
+    k_t, k_m = jax.random.split(rng)
+    t = (jnp.arange(batch) + jax.random.uniform(k_t, (batch,))) / batch
+    p_mask = (1 - 1e-3) * t + 1e-3
+    masked = answer & (jax.random.uniform(k_m, answer.shape) < p_mask[:, None])
+    return p_mask, masked
+
+
+def block_diffusion_attention(positions, real, n_noisy: int, block_size: int):
+    """Attention mask [B, L + n_noisy, L + n_noisy] for block-diffusion training on [clean | noisy], where the
+    noisy copy stands for the clean sequence's last `n_noisy` columns (same RoPE positions, same real marks).
+
+    `positions` [B, L]: each clean token's position on the row's grid (0 at the first real token, as
+    `positions_from_mask`); `real` [B, L]: not padding. Block of a position: position // block_size.
+    mask[b, q, k] (query q sees key k):
+      clean q -> clean k  iff k is real and block(k) <= block(q). This is exactly what `forward` computes for
+                          a finished block at inference (block-causal), so the clean copy yields the K/V a
+                          decoded block presents to the blocks after it.
+      clean q -> noisy k  never: the clean copy must not depend on any noise draw (at inference the
+                          context blocks are clean).
+      noisy q -> clean k  iff k is real and block(k) < block(q): the finished, clean context before the block
+                          being denoised -- its own block's clean keys would leak the answer.
+      noisy q -> noisy k  iff k is real and block(k) == block(q): bidirectional inside the block being
+                          denoised, seeing only its noisy tokens (the block's prompt tokens are in the noisy
+                          copy too, never masked: at inference the prompt's last partial block is decoded
+                          together with the first answer tokens, its prompt positions unmasked). The clean
+                          copy of those prompt positions is not used instead: in layers >= 1 its hidden state
+                          has attended to the clean answer tokens of the same block.
+      padding q           sees itself only (keeps its softmax finite; no real query reads a padding key).
+    """
+    L = positions.shape[1]
+    pos = jnp.concatenate([positions, positions[:, L - n_noisy:]], axis=1)
+    is_real = jnp.concatenate([real, real[:, L - n_noisy:]], axis=1).astype(bool)
+    noisy = jnp.arange(L + n_noisy) >= L
+    block = pos // block_size
+    bq, bk = block[:, :, None], block[:, None, :]
+    nq, nk = noisy[None, :, None], noisy[None, None, :]
+    sees = jnp.where(nq, jnp.where(nk, bk == bq, bk < bq), ~nk & (bk <= bq)) & is_real[:, None, :]
+    return jnp.where(is_real[:, :, None], sees, jnp.eye(L + n_noisy, dtype=bool)[None])
+
+
+def noisy_width(gen_length: int, block_size: int, length: int) -> int:
+    """Columns the noisy copy covers: the answer canvas and the block_size - 1 prompt columns before it
+    (enough for the prompt's share of the first answer block, wherever the grid puts it)."""
+    return min(gen_length + block_size - 1, length)
+
+
+def block_diffusion_logits(params, clean, mask, noisy_tokens, *, config: ModelConfig, gen_length: int):
+    """Logits [B, gen_length, V] of the noisy copy's answer-canvas positions. `clean` [B, L]: the clean
+    sequence (its last gen_length columns the answer canvas); `noisy_tokens` [B, n]: the noisy copy of its
+    last n = noisy_width(...) columns."""
+    L, n = clean.shape[1], noisy_tokens.shape[1]
+    positions = positions_from_mask(mask)
+    seq = jnp.concatenate([clean, noisy_tokens], axis=1)
+    seq_positions = jnp.concatenate([positions, positions[:, L - n:]], axis=1)
+    attn = block_diffusion_attention(positions, mask, n, config.block_size)
+    h = trunk_masked(params, seq, seq_positions, attn, config)
+    return head(params, h[:, L + n - gen_length:], config)
+
+
+def bd_sft_loss(params, tokens, mask, answer, rng, *, config: ModelConfig, gen_length: int):
+    """Block-diffusion SFT loss (SDAR / BD3-LM): the sequence is [clean prompt + answer canvas | noisy copy],
+    the noisy copy's answer positions masked with the same draw as `sft_loss` (ratio t per row, stratified;
+    p = (1 - 1e-3) t + 1e-3); cross-entropy on the masked noisy positions weighted 1/p, summed per row over
+    the canvas length and averaged over rows, as `sft_loss`. Every block is denoised at once, each under its
+    own clean context (`block_diffusion_attention`). The answer canvas must be the last gen_length columns."""
+    B, L = tokens.shape
+    p_mask, masked = noise(rng, answer, B)
+    n = noisy_width(gen_length, config.block_size, L)
+    noisy = jnp.where(masked, config.mask_token_id, tokens)[:, L - n:]
+    logits = block_diffusion_logits(params, tokens, mask, noisy, config=config, gen_length=gen_length)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, L - gen_length:])
+    per_row = jnp.sum(jnp.where(masked[:, L - gen_length:], ce, 0.0), axis=1) / p_mask / answer.sum(axis=1)
+    return per_row.mean()
+
+
+def sdar_readme(cfg: TrainConfig, config: ModelConfig, log: dict, init_from: str | None) -> str:
+    warm = (f"Warm-started from `{init_from}` (a bidirectional checkpoint of the same network, whose tokenizer "
+            "this one is): every parameter of matching shape was copied; the new per-head q/k RMSNorm scales "
+            "start at 1. "
+            "This is how SDAR itself is made -- by adapting a pretrained model to block diffusion -- so the "
+            "warm start is part of the recipe, not a shortcut.\n\n" if init_from else
+            "Trained from random initialisation.\n\n")
+    return (f"# Small SDAR-architecture (block diffusion) model trained by experiments/train_tiny.py\n\n"
+            f"The block-diffusion counterpart of `tiny-math`: the same network ({cfg.n_layers} layers, d_model "
+            f"{cfg.d_model}, {cfg.n_heads} heads, SwiGLU {cfg.mlp_hidden_size}, vocabulary {config.vocab_size}) in "
+            f"SDAR's Qwen3 layout, with per-head q/k RMSNorm and block-causal attention on blocks of "
+            f"{config.block_size} ({config.num_params / 1e6:.2f}M parameters, fp32).\n\n"
+            f"Data: the synthetic-math train split, as tiny-math. Objective: the block-diffusion SFT loss of "
+            f"SDAR / BD3-LM (`bd_sft_loss`): [clean prompt + answer canvas | noisy copy of the answer canvas and "
+            f"of the prompt tokens that share its first block], "
+            f"the noisy copy masked at ratio t (per sample, stratified), each noisy block seeing the clean "
+            f"blocks before it and its own noisy tokens; cross-entropy on masked tokens weighted 1/t.\n\n"
+            f"{warm}"
+            f"Decode block by block (eval default block_length {config.block_size}, gen_length {cfg.gen_length}).\n\n"
+            f"```\n{json.dumps(log, indent=2)}\n```\n")
+
+
+def main(argv=None) -> int:
+    ap = cli.OneLineParser(prog="python experiments/train_tiny.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="work directory (Orbax training state lives in OUT/train_state)")
+    ap.add_argument("--export", help="final checkpoint directory (default OUT/checkpoint)")
+    ap.add_argument("--save-every", type=int, default=250,
+                    help="save the training state every this many steps; a rerun resumes from it (default 250)")
+    ap.add_argument("--export-only", action="store_true",
+                    help="export the latest saved training state as a checkpoint directory, without training")
+    ap.add_argument("--family", choices=("llada", "sdar"), default="llada",
+                    help="llada: bidirectional, LLaDA's SFT loss (default); sdar: block diffusion (bd_sft_loss)")
+    ap.add_argument("--block-size", type=int, default=None, help="SDAR's block length (default 4; sdar only)")
+    ap.add_argument("--init-from", help="warm start: a checkpoint directory whose parameters of matching shape "
+                                        "(and whose tokenizer) this run starts from")
+    for f in dataclasses.fields(TrainConfig):
+        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                        help=f"{FIELD_HELP[f.name]} (default {f.default})")
+    args = ap.parse_args(argv)
+    if args.family == "llada" and args.block_size is not None:
+        ap.error("--block-size is for --family sdar (LLaDA attends bidirectionally)")
+    block_size = args.block_size if args.block_size is not None else 4
+    if args.family == "sdar" and block_size < 1:
+        ap.error(f"--block-size must be >= 1, got {block_size}")
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    for name in ("steps", "batch_size", "gen_length", "prompt_length", "vocab_size", "d_model", "n_layers",
+                 "n_heads", "mlp_hidden_size", "save_every"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not 0 <= cfg.warmup < cfg.steps or not cfg.lr > 0 or cfg.weight_decay < 0:
+        ap.error(f"need 0 <= --warmup < --steps, --lr > 0 and --weight-decay >= 0; got warmup {cfg.warmup}, "
+                 f"steps {cfg.steps}, lr {cfg.lr}, weight decay {cfg.weight_decay}")
+    if cfg.d_model % cfg.n_heads:
+        ap.error(f"--n-heads {cfg.n_heads} must divide --d-model {cfg.d_model}")
+    if cfg.task not in synthetic_math.TASKS:
+        ap.error(f"--task must be one of {', '.join(sorted(synthetic_math.TASKS))}, got {cfg.task!r}")
+    if not 0.0 <= cfg.decode_like <= 1.0:
+        ap.error(f"--decode-like is a share of rows, in [0, 1]; got {cfg.decode_like}")
+    if args.family == "llada" and (cfg.block_length < 1 or cfg.gen_length % cfg.block_length):  # sdar: --block-size
+        ap.error(f"--block-length must divide --gen-length {cfg.gen_length} (the export decodes in blocks of it), "
+                 f"got {cfg.block_length}")
+    if cfg.decode_like and args.family == "sdar":
+        ap.error("--decode-like is for --family llada (SDAR's objective already denoises block by block)")
+    return cli.run_command(lambda: train(args, cfg, block_size, argv))
+
+
+def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
+    """The run the flags ask for: train (or resume), then export a checkpoint directory."""
+    cli.check_writable_dir(args.out, "--out")  # both before any work, not after the training
+    if args.export:
+        cli.check_writable_dir(Path(args.export).expanduser().resolve().parent, "--export", args.export)
+    init_from = str(Path(args.init_from).resolve()) if args.init_from else None
+    # The run's identity: TrainConfig, plus the new flags only when they are not the default (a LLaDA run from
+    # scratch records, and resumes from, exactly what it always has).
+    run_cfg = dataclasses.asdict(cfg)
+    if cfg.task == "math":
+        del run_cfg["task"]
+    if not cfg.decode_like:
+        del run_cfg["decode_like"], run_cfg["block_length"]
+    if args.family == "sdar":
+        run_cfg |= {"family": "sdar", "block_size": block_size}
+    if init_from:
+        run_cfg |= {"init_from": init_from}
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    saved_cfg = out / "train_config.json"
+    if saved_cfg.exists() and json.loads(saved_cfg.read_text()) != run_cfg:
+        raise UserError(f"{out} holds a run with a different configuration ({saved_cfg}); use a new --out")
+    saved_cfg.write_text(json.dumps(run_cfg, indent=2))
+
+    if init_from and not (out / "tokenizer" / "tokenizer.json").exists():
+        (out / "tokenizer").mkdir(parents=True, exist_ok=True)
+        checkpoint.copy_tokenizer_files(init_from, out / "tokenizer")  # the warm start's ids
+    tok = build_tokenizer(cfg, out / "tokenizer")
+    if args.family == "sdar":
+        config = sdar_model_config(cfg, tok, block_size)
+        loss_fn = functools.partial(bd_sft_loss, config=config, gen_length=cfg.gen_length)
+    else:
+        config = model_config(cfg, tok)
+        loss_fn = functools.partial(sft_loss, config=config, decode_like=cfg.decode_like,
+                                    block_length=cfg.block_length)
+    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup, cfg.steps, end_value=cfg.lr * 0.05)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0),
+                            optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=cfg.weight_decay))
+    params = init_params(config, jax.random.key(cfg.seed))
+    warm = None
+    if init_from:
+        source = checkpoint.load(init_from, dtype="float32")
+        for name in ("vocab_size", "mask_token_id", "eos_token_id", "pad_token_id"):
+            if getattr(source.config, name) != getattr(config, name):
+                raise UserError(f"--init-from {init_from} has {name}={getattr(source.config, name)}, this run "
+                                f"{getattr(config, name)}")
+        params, copied, kept = warm_start(params, source.params)
+        if not copied:
+            raise UserError(f"--init-from {init_from}: no parameter has a matching shape")
+        warm = {"init_from": args.init_from, "copied_leaves": len(copied), "kept_init": kept}
+        print(f"warm start from {init_from}: {len(copied)} leaves copied; kept at init: {', '.join(kept) or 'none'}")
+    state = {"params": params, "opt": optimizer.init(params)}
+
+    manager = ocp.CheckpointManager(out / "train_state", options=ocp.CheckpointManagerOptions(max_to_keep=2))
+    start = 0
+    if manager.latest_step() is not None:
+        start = manager.latest_step()
+        state = manager.restore(start, args=ocp.args.StandardRestore(state))
+        print(f"resumed from step {start}")
+
+    @jax.jit
+    def train_step(state, tokens, mask, answer, rng):
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"], tokens, mask, answer, rng)
+        updates, opt = optimizer.update(grads, state["opt"], state["params"])
+        return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, loss
+
+    print(f"model: {config.num_params / 1e6:.2f}M parameters, {config}")
+    t0, ema = time.time(), None
+    steps = range(start, start if args.export_only else cfg.steps)
+    bar = tqdm(steps, initial=start, total=cfg.steps, desc="train", dynamic_ncols=True, disable=args.export_only)
+    completed = start
+    try:
+        for step in bar:
+            batch = make_batch(step, cfg, tok)
+            state, loss = train_step(state, *batch, jax.random.fold_in(jax.random.key(cfg.seed + 1), step))
+            completed = step + 1
+            if step % 10 == 0:
+                loss = float(loss)
+                ema = loss if ema is None else 0.9 * ema + 0.1 * loss
+                bar.set_postfix(loss=f"{ema:.3f}", lr=f"{float(schedule(step)):.1e}")
+            if completed % args.save_every == 0 or completed == cfg.steps:
+                manager.save(completed, args=ocp.args.StandardSave(state))
+    except KeyboardInterrupt as e:
+        # Keep every finished step: save the state now, then let the same command resume from it.
+        if completed != manager.latest_step():
+            manager.save(completed, args=ocp.args.StandardSave(state), force=True)
+        manager.wait_until_finished()
+        bar.close()
+        print(f"interrupted ({str(e) or 'Ctrl-C'}) after step {completed}; state saved in {out / 'train_state'}; "
+              "rerun the same command to resume", file=sys.stderr)
+        return cli.EXIT_INTERRUPTED
+    manager.wait_until_finished()
+    seconds = time.time() - t0
+
+    export = Path(args.export or out / "checkpoint").resolve()
+    if export.exists():
+        print(f"{export} exists; not overwriting it")
+        return 0
+    log = {"train_config": dataclasses.asdict(cfg), "train_seconds_this_run": round(seconds, 1),
+           "resumed_from_step": start, "exported_at_step": start + len(steps), "hardware": f"{platform.processor() or platform.machine()}, "
+           f"{os.cpu_count()} CPU cores, jax {jax.__version__} on {jax.default_backend()}",
+           "final_loss_ema": ema}
+    if args.family == "sdar":
+        log |= {"family": "sdar", "block_size": block_size, "objective": "bd_sft_loss (block diffusion SFT)"}
+    if warm:
+        log |= {"warm_start": warm}
+    if args.family == "sdar" or init_from:
+        log |= {"command": " ".join(["python", "experiments/train_tiny.py", *(argv if argv is not None
+                                                                              else sys.argv[1:])])}
+    if args.family == "sdar":
+        readme = sdar_readme(cfg, config, log, args.init_from)
+    else:
+        readme = (f"# Small LLaDA-architecture model trained by experiments/train_tiny.py\n\n"
+                  f"```\n{json.dumps(log, indent=2)}\n```\n")
+    checkpoint.save(export, config, state["params"], out / "tokenizer",
+                    manifest={"source": "experiments/train_tiny.py", "training": log,
+                              # what experiments/eval_gsm8k.py runs on this model when given no flags
+                              "eval_data": "synthetic_math", "eval_data_spec": {"n": 500, "seed": cfg.seed}
+                              | ({"task": cfg.task} if cfg.task != "math" else {}),
+                              "eval_defaults": {"gen_length": cfg.gen_length,
+                                                "block_length": block_size if args.family == "sdar" else cfg.block_length,
+                                                "num_fewshot": 0}
+                              # the chain tasks are where committing early should cost accuracy: their default
+                              # run puts the low threshold beside the paper's settings
+                              | ({"strategies": CHAIN_STRATEGIES} if cfg.task != "math" else {})},
+                    readme=readme)
+    print(f"wrote {export}")
+    return 0
