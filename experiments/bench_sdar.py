@@ -6,7 +6,7 @@ loop in PyTorch with a real KV cache, same weights, prompts and rule, measured s
     .venv/bin/python experiments/bench_sdar.py --strategies dynamic --torch-attn eager
 
 The model is random (a "tiny-ish" Qwen3/SDAR checkpoint written to a temp dir with a BPE tokenizer from
-`make_tokenizer(..., family="sdar")`, converted by `localleap_jax.convert_hf`, loaded by `ll.load` in fp32; the torch twin is
+`families.make_tokenizer("sdar", ...)`, converted by `localleap_jax.convert_hf`, loaded by `ll.load` in fp32; the torch twin is
 `reference_sdar.sdar_torch_model`, transformers' Qwen3ForCausalLM with the same tensors). The head is sharpened
 (--head-scale) so confidences spread over (0, 1) and dynamic's threshold branch fires.
 
@@ -98,7 +98,7 @@ def build(args, workdir: Path):
 
     from localleap_jax.convert_hf import convert
     from localleap_jax.synthetic_math import take
-    from localleap_jax.tokenizer import make_tokenizer
+    from localleap_jax.families import make_tokenizer
 
     problems = take("train", 3000, seed=0)
     corpus = [f"Question: {p['question']}\nAnswer: {p['answer']}" for p in problems]
@@ -106,7 +106,7 @@ def build(args, workdir: Path):
     syllables = [a + b for a in "bcdfghklmnprstvz" for b in "aeiou"]
     words = ["".join(rng.choice(syllables, rng.integers(1, 4))) for _ in range(4 * args.vocab)]
     corpus += [" ".join(rng.choice(words, 12)) for _ in range(3 * args.vocab)]
-    tok = make_tokenizer(corpus, vocab_size=args.vocab, family="sdar")
+    tok = make_tokenizer("sdar", corpus, vocab_size=args.vocab)
     rows = -(-len(tok) // 64) * 64  # more embedding rows than tokenizer ids, as SDAR's 151936 vs its tokenizer
     cfg = tiny_sdar_config(rows, tok.eos_token_id, hidden_size=args.hidden, num_hidden_layers=args.layers,
                            num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, head_dim=args.head_dim,

@@ -639,7 +639,7 @@ def test_a_command_given_no_model_runs_the_chain_model(tmp_path, program, error)
 
 def test_the_adapter_given_no_checkpoint_loads_the_chain_model():
     from localleap_jax.checkpoint import EMBEDDED_CHAIN
-    from localleap_jax.convert_hf import resolve_checkpoint
+    from localleap_jax.resolve import resolve_checkpoint
     from localleap_jax.lm_eval import parse_model_args
 
     settings, _ = parse_model_args({})
