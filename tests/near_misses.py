@@ -16,7 +16,7 @@ def rms_eps_after_rsqrt(x, scale, eps):
     return scale * (x32 * (jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True)) + eps)).astype(x.dtype)
 
 
-def rope_interleaved(x, positions, theta):
+def rope_interleaved(x, positions, theta, rotary_dim=None):
     """GPT-J's convention: rotate the pairs (x[2i], x[2i+1]), not the halves."""
     H = x.shape[-1]
     angles = positions.astype(jnp.float32)[..., None, None] * (theta ** (-np.arange(0, H, 2, dtype=np.float32) / H))

@@ -470,6 +470,8 @@ def test_a_follower_loads_the_leaders_rule_file_and_refuses_other_bytes(embedded
         assert np.array_equal(theirs.tokens, out.tokens) and dict.__contains__(RULES, "steady")
 
         lead = Leader(transport)
+        # a config resolves its rule once, at construction: the follower above loaded the file again (a new class)
+        cfg = ll.DecodeConfig(strategy="steady:k=3", gen_length=16, block_length=16)
         lead.generate(model, ids, mask, cfg, mesh=mesh)
         lead.stop(0)
         as_a_fresh_follower(rules)

@@ -97,7 +97,7 @@ def test_the_fp32_tolerance_sees_near_miss_rope(dream_hf_checkpoint, dream32, mo
     from localleap_jax import model as model_module
 
     rope = model_module.rope
-    variant = {"theta 1e4": lambda x, p, theta: rope(x, p, 1e4), "interleaved rope": near_misses.rope_interleaved}[name]
+    variant = {"theta 1e4": lambda x, p, theta, rotary_dim=None: rope(x, p, 1e4, rotary_dim), "interleaved rope": near_misses.rope_interleaved}[name]
     model = dream32
     ids = _ids(300, (2, 37))
     monkeypatch.setattr(model_module, "rope", variant)

@@ -61,7 +61,7 @@ _ROPE = rope
 @pytest.mark.parametrize("name, replace, variant", [
     ("eps outside the sqrt", "rms_norm", near_misses.rms_eps_outside_sqrt),
     ("eps after the rsqrt", "rms_norm", near_misses.rms_eps_after_rsqrt),
-    ("theta off by 1%", "rope", lambda x, p, theta: _ROPE(x, p, theta * 1.01)),
+    ("theta off by 1%", "rope", lambda x, p, theta, rotary_dim=None: _ROPE(x, p, theta * 1.01, rotary_dim)),
     ("interleaved rope", "rope", near_misses.rope_interleaved),
 ])
 def test_the_fp32_tolerance_sees_near_miss_maths(hf_checkpoint, model32, monkeypatch, name, replace, variant):
