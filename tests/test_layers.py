@@ -20,7 +20,7 @@ from helpers import REPO
 LAYERS = {
     "base": {"errors", "hashing"},
     "leaves": {"config", "tokenizer", "trace", "rules", "compile_cache", "processes", "partition", "synthetic_math"},
-    "core": {"model", "families", "denoiser", "loaded", "decode", "dynamics", "likelihood"},
+    "core": {"model", "families", "denoiser", "loaded", "decode", "dynamics", "likelihood", "moe"},
     "storage": {"checkpoint"},
     "conversion": {"convert_hf", "resolve"},
     "distribution": {"dist"},

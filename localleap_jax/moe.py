@@ -1,0 +1,336 @@
+"""A mixture-of-experts feed-forward layer: the router as data, sparse expert dispatch, expert parallelism.
+
+One layer, pure functions over a plain parameter dict (no layer axis: a model stacks layers itself):
+
+    {"gate": {"kernel": [D, E]},                   # router projection: logits = h @ kernel
+     "expert_bias": [E],                           # only when Router.bias is set (LLaDA2's `gate.expert_bias`)
+     "expert_scale": [E],                          # only when Router.expert_scale (Gemma's `per_expert_scale`)
+     "experts": {"gate_proj": [E, D, F],           # the routed experts: expert e maps x to
+                 "up_proj": [E, D, F],             #   act(x @ gate_proj[e]) * (x @ up_proj[e]) @ down_proj[e]
+                 "down_proj": [E, F, D]},
+     "shared": {"gate_proj": {"kernel": [D, S]},   # optional: the shared experts as one dense MLP of width
+                "up_proj": {"kernel": [D, S]},     #   S = num_shared * F, added unweighted
+                "down_proj": {"kernel": [S, D]}}}
+
+A Hugging Face `nn.Linear` weight [out, in] is the transposed kernel: `mlp.experts.{e}.gate_proj.weight` [F, D]
+is `experts.gate_proj[e].T`, `mlp.gate.weight` [E, D] is `gate.kernel.T`. The key "experts" is what
+`partition` splits over the mesh's "expert" axis (the leading E of each leaf; a layer-stacked [N, E, ...] leaf
+has it second): keep that name when nesting this dict in a model.
+
+    moe = MoE(Router(num_experts=256, top_k=8, score="sigmoid", bias="select", n_group=8, topk_group=4,
+                     normalise=True, scale=2.5))                  # LLaDA2.x (= DeepSeek-V3's router)
+    y = moe_layer(moe, params, x)                                 # x [..., D] -> y [..., D]
+    y = moe_layer(moe, params, x, mesh=mesh)                      # experts split over mesh axis "expert"
+
+Router variants (`Router`): the score is sigmoid or softmax of fp32 logits; an expert bias is added for the
+choice only ("select": LLaDA2, DeepSeek-V3, GLM-4.5) or to the probabilities that become the weights
+("weights": LLaDA-MoE); group-limited choice keeps the `topk_group` best of `n_group` groups, each scored by
+the sum of its `group_top` best biased scores (DeepSeek-V3: 2; V2's max: 1); the k weights may be renormalised
+(sum + 1e-20, DeepSeek's), multiplied by a learned per-expert scale (DiffusionGemma) and by
+`routed_scaling_factor`. Qwen3-MoE and OLMoE are softmax top-k with `norm_topk_prob` as `normalise`;
+Mixtral's softmax over the top-k logits is softmax top-k renormalised; DiffusionGemma is softmax top-k
+renormalised times `per_expert_scale`, its router reading an RMS-normalised, scaled input (pass it as
+`router_input`) and its experts GELU-tanh (`MoE(activation="gelu_tanh")`). The router always works in fp32
+at full matmul precision: choices are discrete, and bf16 or TF32 logits flip some of them.
+
+Sparse dispatch (`MoE.dispatch`): the T*k (token, expert) pairs are sorted by expert (a stable argsort, group
+sizes from a bincount), the tokens gathered in that order, run through grouped matmuls, weighted, put back in
+(token, slot) order by the inverse permutation and summed over the k slots in fp32 (a gather and a fixed-order
+sum: deterministic, no scatter-add). Shapes are static (always T*k rows; no data-dependent shape), so the
+layer jits and runs inside `lax.while_loop`. Two grouped matmuls:
+- "ragged": `jax.lax.ragged_dot`, one grouped GEMM per projection; only the rows of each group are computed
+  where the backend has a grouped GEMM (TPU; GPU where XLA lowers it to one). JAX's generic lowering (CPU,
+  and GPUs where XLA rewrites it) masks the rows per group: E times the work. experiments/bench_moe.py says
+  which holds on a machine.
+- "tiles": pure XLA everywhere: each expert's rows padded to whole tiles of `tile` rows (at most
+  T*k + min(E, T*k) * (tile - 1) rows: a static bound), one batched matmul over the tiles with each tile's
+  expert weights gathered. Work is bounded by that many rows, whatever the backend; the cost is the gathered
+  weight copies.
+- "all": every expert on every token, weighted by the (mostly zero) routing weights: the reference the
+  sparse paths are tested against, and the benchmark's baseline. E/k times the routed work.
+
+Expert parallelism (`moe_layer(..., mesh=mesh)` with a mesh axis "expert" of size n > 1): each device holds
+E/n routed experts (the leaves of "experts" split on their expert dimension); everything else is as the
+caller placed it. A `jax.shard_map` over "expert" alone (the other axes stay automatic, so it nests inside the
+data-parallel shard_map of `dist`): every device routes the tokens it holds, keeps the pairs whose expert it
+holds (the others sort last and get weight 0), runs its experts on them, and one `psum` over "expert" adds the
+partial outputs. Tokens are not all-to-all'ed because on this project's meshes they are already on every
+device of the expert axis (the batch is split only over "data"): dispatch is a local selection and the combine
+is the one all-reduce a row-parallel MLP pays too. An all-to-all would pay only if the expert axis also split
+the tokens. Shapes stay static: each device runs the T*k-row bound (every pair might be its own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Array, Float, Int
+
+from localleap_jax.errors import ConfigError
+
+EXPERT_AXIS = "expert"  # the mesh axis routed experts are split over (localleap_jax.partition.EXPERT)
+
+ACTIVATIONS = {
+    "silu": jax.nn.silu,  # SwiGLU experts (LLaDA2, LLaDA-MoE, DeepSeek, Qwen3-MoE, OLMoE)
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),  # Gemma's gelu_pytorch_tanh
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Router:
+    """How a token picks its experts and weighs them; every family's router is one of these.
+
+    num_experts: E routed experts.            top_k: experts per token.
+    score: "sigmoid" | "softmax" of the fp32 logits.
+    bias: None | "select" (expert_bias added to the scores for the choice only; the weights come from the
+        unbiased scores: LLaDA2, DeepSeek-V3) | "weights" (added to the probabilities, which then are both the
+        choice and the weights: LLaDA-MoE).
+    n_group, topk_group, group_top: group-limited choice (n_group > 1): experts in n_group equal groups, each
+        scored by the sum of its group_top best (biased) scores; only the topk_group best groups are eligible.
+    normalise: divide the k weights by their sum + 1e-20 (DeepSeek's norm_topk_prob).
+    scale: multiply the weights (routed_scaling_factor).
+    expert_scale: multiply each weight by a learned per-expert scale, params["expert_scale"][e] (Gemma).
+    """
+
+    num_experts: int
+    top_k: int
+    score: Literal["sigmoid", "softmax"] = "softmax"
+    bias: Literal["select", "weights"] | None = None
+    n_group: int = 1
+    topk_group: int = 1
+    group_top: int = 2
+    normalise: bool = False
+    scale: float = 1.0
+    expert_scale: bool = False
+
+    def __post_init__(self):
+        E, k = self.num_experts, self.top_k
+        if self.score not in ("sigmoid", "softmax"):
+            raise ConfigError(f"router score {self.score!r}: expected 'sigmoid' or 'softmax'")
+        if self.bias not in (None, "select", "weights"):
+            raise ConfigError(f"router bias {self.bias!r}: expected None, 'select' or 'weights'")
+        if not 1 <= k <= E:
+            raise ConfigError(f"router top_k={k} with {E} experts: expected 1 <= top_k <= num_experts")
+        if self.n_group < 1 or E % self.n_group:
+            raise ConfigError(f"router n_group={self.n_group} does not divide {E} experts")
+        if self.n_group > 1:
+            size = E // self.n_group
+            if not 1 <= self.topk_group <= self.n_group:
+                raise ConfigError(f"router topk_group={self.topk_group}: expected 1..n_group={self.n_group}")
+            if not 1 <= self.group_top <= size:
+                raise ConfigError(f"router group_top={self.group_top}: expected 1..{size} (the group size)")
+            if self.topk_group * size < k:
+                raise ConfigError(f"router top_k={k} exceeds the {self.topk_group} x {size} experts of the "
+                                  "groups kept")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoE:
+    """A MoE layer's settings: its router, the experts' activation, and how the routed experts run
+    ("ragged", "tiles" or "all"; see the module docstring). `tile`: rows per tile for "tiles" (None: the
+    power of two nearest above the mean rows per expert, clipped to 8..128)."""
+
+    router: Router
+    activation: Literal["silu", "gelu_tanh", "gelu"] = "silu"
+    dispatch: Literal["ragged", "tiles", "all"] = "ragged"
+    tile: int | None = None
+
+    def __post_init__(self):
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"MoE activation {self.activation!r}: expected one of {sorted(ACTIVATIONS)}")
+        if self.dispatch not in ("ragged", "tiles", "all"):
+            raise ConfigError(f"MoE dispatch {self.dispatch!r}: expected 'ragged', 'tiles' or 'all'")
+        if self.tile is not None and self.tile < 1:
+            raise ConfigError(f"MoE tile={self.tile}: expected a positive number of rows")
+
+
+# ---------------------------------------------------------------- router
+
+
+def route(router: Router, h: Float[Array, "T D"], gate_kernel: Float[Array, "D E"],
+          expert_bias: Float[Array, "E"] | None = None, expert_scale: Float[Array, "E"] | None = None
+          ) -> tuple[Int[Array, "T k"], Float[Array, "T k"]]:
+    """Each token's k experts and their weights, in fp32 whatever the dtypes of h and the parameters. The k
+    experts of a token are distinct and in no promised order (compare them as sets)."""
+    E = router.num_experts
+    if gate_kernel.shape[-1] != E:
+        raise ConfigError(f"router gate kernel {tuple(gate_kernel.shape)} does not end in num_experts={E}")
+    if (expert_bias is None) != (router.bias is None):
+        raise ConfigError(f"router bias={router.bias!r} but expert_bias is {'absent' if expert_bias is None else 'given'}")
+    if (expert_scale is None) == router.expert_scale:
+        raise ConfigError(f"router expert_scale={router.expert_scale} but the expert_scale parameter is "
+                          f"{'absent' if expert_scale is None else 'given'}")
+    logits = jnp.matmul(h.astype(jnp.float32), gate_kernel.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    probs = jax.nn.sigmoid(logits) if router.score == "sigmoid" else jax.nn.softmax(logits, axis=-1)
+    biased = probs if expert_bias is None else probs + expert_bias.astype(jnp.float32)
+    choice = _best_groups_only(router, biased) if router.n_group > 1 else biased
+    _, idx = jax.lax.top_k(choice, router.top_k)
+    weights = jnp.take_along_axis(biased if router.bias == "weights" else probs, idx, axis=-1)
+    if router.normalise:
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    if router.expert_scale:
+        weights = weights * expert_scale.astype(jnp.float32)[idx]
+    return idx.astype(jnp.int32), weights * jnp.float32(router.scale)
+
+
+def _best_groups_only(router: Router, scores: Float[Array, "T E"]) -> Float[Array, "T E"]:
+    """The scores with every expert outside its token's topk_group best groups set to -inf."""
+    T, E = scores.shape
+    grouped = scores.reshape(T, router.n_group, E // router.n_group)
+    group_score = jnp.sum(jax.lax.top_k(grouped, router.group_top)[0], axis=-1)  # [T, G]
+    _, best = jax.lax.top_k(group_score, router.topk_group)
+    keep = jnp.zeros(group_score.shape, bool).at[jnp.arange(T)[:, None], best].set(True)
+    return jnp.where(keep[:, :, None], grouped, -jnp.inf).reshape(T, E)
+
+
+# ---------------------------------------------------------------- experts
+
+
+def dense_mlp(activation: str, params: dict, x: Float[Array, "T D"]) -> Float[Array, "T D"]:
+    """down(act(x gate) * (x up)) with {"kernel"} leaves (the shared experts), in the dtype of x."""
+    act = ACTIVATIONS[activation]
+    kernel = lambda name: params[name]["kernel"].astype(x.dtype)  # noqa: E731
+    return (act(x @ kernel("gate_proj")) * (x @ kernel("up_proj"))) @ kernel("down_proj")
+
+
+def routed_all(activation: str, experts: dict, x: Float[Array, "T D"], idx: Int[Array, "T k"],
+               weights: Float[Array, "T k"]) -> Float[Array, "T D"]:
+    """Every expert on every token, each output weighted by the token's routing weight for it (0 unless
+    chosen); fp32 combine."""
+    act = ACTIVATIONS[activation]
+    T, E = x.shape[0], experts["gate_proj"].shape[0]
+    combine = jnp.zeros((T, E), jnp.float32).at[jnp.arange(T)[:, None], idx].add(weights)
+    w = {name: experts[name].astype(x.dtype) for name in ("gate_proj", "up_proj", "down_proj")}
+    hidden = act(jnp.einsum("td,edf->tef", x, w["gate_proj"])) * jnp.einsum("td,edf->tef", x, w["up_proj"])
+    out = jnp.einsum("tef,efd->ted", hidden, w["down_proj"])
+    return jnp.einsum("ted,te->td", out.astype(jnp.float32), combine)
+
+
+def routed_sparse(moe: MoE, experts: dict, x: Float[Array, "T D"], idx: Int[Array, "T k"],
+                  weights: Float[Array, "T k"], first: Int[Array, ""] | int = 0) -> Float[Array, "T D"]:
+    """The routed experts held here (experts[...] [E_here, ...], global ids first .. first + E_here - 1) on
+    the pairs routed to them, grouped by expert; pairs routed elsewhere contribute nothing. fp32 out."""
+    T, k = idx.shape
+    held = experts["gate_proj"].shape[0]
+    local = idx.reshape(-1) - first
+    here = (local >= 0) & (local < held)
+    key = jnp.where(here, local, held)  # pairs of experts held elsewhere sort last, under a key of their own
+    order = jnp.argsort(key, stable=True)  # pair order grouped by expert
+    sizes = jnp.bincount(key, length=held + 1)[:held]  # rows per expert held here
+    rows = x[order // k]  # [T*k, D]: the token of each pair, in expert order
+    if moe.dispatch == "ragged":
+        out = _grouped_ragged(moe.activation, experts, rows, sizes)
+    else:
+        out = _grouped_tiles(moe.activation, experts, rows, key[order], sizes, moe.tile)
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+    pair_weights = jnp.where(here, weights.reshape(-1), 0.0)  # rows held elsewhere come out 0; keep them 0
+    per_pair = out[inverse].astype(jnp.float32) * pair_weights[:, None]  # back in (token, slot) order
+    return jnp.sum(per_pair.reshape(T, k, -1), axis=1)
+
+
+def _grouped_ragged(activation: str, experts: dict, rows: Float[Array, "R D"], sizes: Int[Array, "E"]
+                    ) -> Float[Array, "R D"]:
+    """Rows grouped by expert (sizes[e] rows of expert e, then rows of no group, which come out 0)."""
+    act = ACTIVATIONS[activation]
+    grouped = lambda a, name: jax.lax.ragged_dot(a, experts[name].astype(rows.dtype), sizes)  # noqa: E731
+    return grouped(act(grouped(rows, "gate_proj")) * grouped(rows, "up_proj"), "down_proj")
+
+
+def default_tile(rows: int, experts: int) -> int:
+    """Tile rows for "tiles": the power of two at or above the mean rows per expert, within 8..128."""
+    mean = -(-rows // experts)
+    return min(128, max(8, 1 << (mean - 1).bit_length()))
+
+
+def _grouped_tiles(activation: str, experts: dict, rows: Float[Array, "R D"], row_expert: Int[Array, "R"],
+                   sizes: Int[Array, "E"], tile: int | None) -> Float[Array, "R D"]:
+    """The same as _grouped_ragged with plain XLA: each expert's rows (contiguous, in expert order) placed in
+    whole tiles of `tile` rows, one batched matmul over the tiles with each tile's expert weights gathered.
+    Rows with row_expert == E (of no expert here) are left out and come out 0."""
+    act = ACTIVATIONS[activation]
+    R, E = rows.shape[0], sizes.shape[0]
+    tile = tile or default_tile(R, E)
+    n_tiles = (R + min(E, R) * (tile - 1)) // tile  # static bound on sum_e ceil(sizes[e] / tile)
+    tiles = (sizes + tile - 1) // tile
+    tile_end = jnp.cumsum(tiles)
+    group_start = jnp.cumsum(sizes) - sizes
+    e = jnp.minimum(row_expert, E - 1)
+    slot = (tile_end[e] - tiles[e]) * tile + jnp.arange(R) - group_start[e]  # row -> place in the tiles
+    slot = jnp.where(row_expert < E, slot, n_tiles * tile)  # out of range: dropped below
+    padded = jnp.zeros((n_tiles * tile, rows.shape[1]), rows.dtype).at[slot].set(rows, mode="drop")
+    padded = padded.reshape(n_tiles, tile, -1)
+    tile_expert = jnp.minimum(jnp.searchsorted(tile_end, jnp.arange(n_tiles), side="right"), E - 1)
+    w = {name: jnp.take(experts[name].astype(rows.dtype), tile_expert, axis=0)
+         for name in ("gate_proj", "up_proj", "down_proj")}  # [n_tiles, in, out]
+    hidden = act(jnp.einsum("ntd,ndf->ntf", padded, w["gate_proj"])) * jnp.einsum("ntd,ndf->ntf", padded,
+                                                                                  w["up_proj"])
+    out = jnp.einsum("ntf,nfd->ntd", hidden, w["down_proj"]).reshape(n_tiles * tile, -1)
+    return out.at[slot].get(mode="fill", fill_value=0)
+
+
+# ---------------------------------------------------------------- the layer
+
+
+def moe_layer(moe: MoE, params: dict, x: Float[Array, "... D"], *, router_input: Float[Array, "... D"] | None = None,
+              mesh=None) -> Float[Array, "... D"]:
+    """The layer's output for x [..., D] (routed experts weighted, plus the shared experts if params has
+    "shared"), in the dtype of x. `router_input`: what the router reads, when it is not x (DiffusionGemma).
+    `mesh`: a jax Mesh (or the abstract mesh of an enclosing shard_map); with an "expert" axis of size > 1,
+    the routed experts run split over it (their params["experts"] leaves split on the expert dimension, as
+    `partition.param_shardings` places them); without one, on whatever devices the inputs live on."""
+    lead, D = x.shape[:-1], x.shape[-1]
+    flat = x.reshape(-1, D)
+    r_in = flat if router_input is None else router_input.reshape(-1, D)
+    if mesh is not None and dict(mesh.shape).get(EXPERT_AXIS, 1) > 1:
+        routed = _expert_parallel(moe, params, flat, r_in, mesh)
+    else:
+        routed = _routed(moe, params, flat, r_in)
+    out = routed.astype(x.dtype)
+    if "shared" in params:
+        out = out + dense_mlp(moe.activation, params["shared"], flat)
+    return out.reshape(*lead, D)
+
+
+def _routed(moe: MoE, params: dict, x: Float[Array, "T D"], router_input: Float[Array, "T D"],
+            first: Int[Array, ""] | int = 0) -> Float[Array, "T D"]:
+    idx, weights = route(moe.router, router_input, params["gate"]["kernel"], params.get("expert_bias"),
+                         params.get("expert_scale"))
+    if moe.dispatch == "all":
+        if first != 0 or params["experts"]["gate_proj"].shape[0] != moe.router.num_experts:
+            raise ConfigError("MoE dispatch 'all' runs every expert on one device: use 'ragged' or 'tiles' "
+                              "with an expert axis")
+        return routed_all(moe.activation, params["experts"], x, idx, weights)
+    return routed_sparse(moe, params["experts"], x, idx, weights, first)
+
+
+def _expert_parallel(moe: MoE, params: dict, x: Float[Array, "T D"], router_input: Float[Array, "T D"],
+                     mesh) -> Float[Array, "T D"]:
+    """The routed experts' output with the experts split over the mesh axis "expert" (module docstring)."""
+    n = dict(mesh.shape)[EXPERT_AXIS]
+    E = moe.router.num_experts
+    if E % n:
+        raise ConfigError(f"{E} experts do not split over an expert axis of {n} devices")
+    # Inside an enclosing shard_map (dist's data-parallel loop) shard_map must be given the context's
+    # abstract mesh, whose "data" axis is already manual; at top level, the mesh itself.
+    context = jax.sharding.get_abstract_mesh()
+    on = mesh if context.empty else context
+    routed_params = {key: value for key, value in params.items() if key != "shared"}
+    specs = {key: (jax.tree.map(lambda _: P(EXPERT_AXIS), value) if key == "experts"
+                   else jax.tree.map(lambda _: P(), value)) for key, value in routed_params.items()}
+
+    def per_device(p, x, r_in):
+        first = jax.lax.axis_index(EXPERT_AXIS) * (E // n)
+        return jax.lax.psum(_routed(moe, p, x, r_in, first), EXPERT_AXIS)
+
+    return jax.shard_map(per_device, mesh=on, in_specs=(specs, P(), P()), out_specs=P(),
+                         axis_names={EXPERT_AXIS}, check_vma=False)(routed_params, x, router_input)
+
+
+__all__ = ["ACTIVATIONS", "EXPERT_AXIS", "MoE", "Router", "default_tile", "dense_mlp", "moe_layer", "route",
+           "routed_all", "routed_sparse"]
