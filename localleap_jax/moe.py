@@ -33,19 +33,23 @@ renormalised times `per_expert_scale`, its router reading an RMS-normalised, sca
 `router_input`) and its experts GELU-tanh (`MoE(activation="gelu_tanh")`). The router always works in fp32
 at full matmul precision: choices are discrete, and bf16 or TF32 logits flip some of them.
 
-Sparse dispatch (`MoE.dispatch`): the T*k (token, expert) pairs are sorted by expert (a stable argsort, group
-sizes from a bincount), the tokens gathered in that order, run through grouped matmuls, weighted, put back in
-(token, slot) order by the inverse permutation and summed over the k slots in fp32 (a gather and a fixed-order
-sum: deterministic, no scatter-add). Shapes are static (always T*k rows; no data-dependent shape), so the
-layer jits and runs inside `lax.while_loop`. Two grouped matmuls:
-- "ragged": `jax.lax.ragged_dot`, one grouped GEMM per projection; only the rows of each group are computed
-  where the backend has a grouped GEMM (TPU; GPU where XLA lowers it to one). JAX's generic lowering (CPU,
-  and GPUs where XLA rewrites it) masks the rows per group: E times the work. experiments/bench_moe.py says
-  which holds on a machine.
-- "tiles": pure XLA everywhere: each expert's rows padded to whole tiles of `tile` rows (at most
-  T*k + min(E, T*k) * (tile - 1) rows: a static bound), one batched matmul over the tiles with each tile's
-  expert weights gathered. Work is bounded by that many rows, whatever the backend; the cost is the gathered
-  weight copies.
+Sparse dispatch (`MoE.dispatch`): the T*k (token, expert) pairs are grouped by expert (a stable argsort, group
+sizes from a bincount); each expert's tokens are gathered and run through it, and each pair's output is
+gathered back in (token, slot) order, weighted and summed over the k slots in fp32 (gathers and a fixed-order
+sum: deterministic, no scatter-add). Shapes are static (no data-dependent shape), so the layer jits and runs
+inside `lax.while_loop`. The grouped matmuls:
+- "capacity" (default): each expert's first C rows (C = `default_capacity`: the mean rows per expert plus four
+  Poisson deviations) in one batched matmul over the experts, [E, C, D] x [E, D, F]: every expert's weights
+  read once, in place, no copy. Rows past an expert's C take the "tiles" path under a `lax.cond` that runs
+  only when some expert overflows: exact whatever the routing, never a dropped token, but a skewed batch
+  (tokens that route alike, as a canvas of mask tokens may) pays both. Under `vmap` the cond runs both
+  branches; the layer flattens its leading dimensions instead, so call it unbatched.
+- "ragged": `jax.lax.ragged_dot`, one grouped GEMM per projection, computing only each group's rows where the
+  backend has a grouped GEMM (TPU). JAX's generic lowering (CPU) and XLA's GPU rewrite (seen on an H200, jax
+  0.11.2, also with --xla_gpu_experimental_use_ragged_dot_fusion) mask the rows per group instead: E times
+  the work. experiments/bench_moe.py measures it.
+- "tiles": each expert's rows padded to whole tiles of `tile` rows (at most T*k + min(E, T*k) * (tile - 1)
+  rows: a static bound), one batched matmul over the tiles with each tile's expert weights gathered (copied).
 - "all": every expert on every token, weighted by the (mostly zero) routing weights: the reference the
   sparse paths are tested against, and the benchmark's baseline. E/k times the routed work.
 
@@ -57,14 +61,15 @@ holds (the others sort last and get weight 0), runs its experts on them, and one
 partial outputs. Tokens are not all-to-all'ed because on this project's meshes they are already on every
 device of the expert axis (the batch is split only over "data"): dispatch is a local selection and the combine
 is the one all-reduce a row-parallel MLP pays too. An all-to-all would pay only if the expert axis also split
-the tokens. Shapes stay static: each device runs the T*k-row bound (every pair might be its own).
+the tokens. Shapes stay static: each device sizes its work as on one device (every pair might be its own),
+and the overflow path covers a device whose experts draw more than their capacity.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -93,7 +98,8 @@ class Router:
         choice and the weights: LLaDA-MoE).
     n_group, topk_group, group_top: group-limited choice (n_group > 1): experts in n_group equal groups, each
         scored by the sum of its group_top best (biased) scores; only the topk_group best groups are eligible.
-    normalise: divide the k weights by their sum + 1e-20 (DeepSeek's norm_topk_prob).
+    normalise: divide the k weights by their sum + 1e-20 (DeepSeek's norm_topk_prob; LLaDA2's gate does it
+        whenever top_k > 1, whatever its config says: normalise=top_k > 1 there).
     scale: multiply the weights (routed_scaling_factor).
     expert_scale: multiply each weight by a learned per-expert scale, params["expert_scale"][e] (Gemma).
     """
@@ -130,24 +136,30 @@ class Router:
                                   "groups kept")
 
 
+DISPATCHES = ("capacity", "ragged", "tiles", "all")
+
+
 @dataclasses.dataclass(frozen=True)
 class MoE:
     """A MoE layer's settings: its router, the experts' activation, and how the routed experts run
-    ("ragged", "tiles" or "all"; see the module docstring). `tile`: rows per tile for "tiles" (None: the
-    power of two nearest above the mean rows per expert, clipped to 8..128)."""
+    (`dispatch`, one of DISPATCHES; see the module docstring). `capacity`: rows per expert of "capacity"'s
+    batched matmul (None: `default_capacity` of the shapes); `tile`: rows per tile for "tiles" and for
+    "capacity"'s overflow (None: `default_tile` of the shapes)."""
 
     router: Router
     activation: Literal["silu", "gelu_tanh", "gelu"] = "silu"
-    dispatch: Literal["ragged", "tiles", "all"] = "ragged"
+    dispatch: Literal["capacity", "ragged", "tiles", "all"] = "capacity"
+    capacity: int | None = None
     tile: int | None = None
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
             raise ConfigError(f"MoE activation {self.activation!r}: expected one of {sorted(ACTIVATIONS)}")
-        if self.dispatch not in ("ragged", "tiles", "all"):
-            raise ConfigError(f"MoE dispatch {self.dispatch!r}: expected 'ragged', 'tiles' or 'all'")
-        if self.tile is not None and self.tile < 1:
-            raise ConfigError(f"MoE tile={self.tile}: expected a positive number of rows")
+        if self.dispatch not in DISPATCHES:
+            raise ConfigError(f"MoE dispatch {self.dispatch!r}: expected one of {', '.join(DISPATCHES)}")
+        for name in ("capacity", "tile"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"MoE {name}={getattr(self, name)}: expected a positive number of rows")
 
 
 # ---------------------------------------------------------------- router
@@ -162,7 +174,8 @@ def route(router: Router, h: Float[Array, "T D"], gate_kernel: Float[Array, "D E
     if gate_kernel.shape[-1] != E:
         raise ConfigError(f"router gate kernel {tuple(gate_kernel.shape)} does not end in num_experts={E}")
     if (expert_bias is None) != (router.bias is None):
-        raise ConfigError(f"router bias={router.bias!r} but expert_bias is {'absent' if expert_bias is None else 'given'}")
+        given = "absent" if expert_bias is None else "given"
+        raise ConfigError(f"router bias={router.bias!r} but expert_bias is {given}")
     if (expert_scale is None) == router.expert_scale:
         raise ConfigError(f"router expert_scale={router.expert_scale} but the expert_scale parameter is "
                           f"{'absent' if expert_scale is None else 'given'}")
@@ -185,7 +198,7 @@ def _best_groups_only(router: Router, scores: Float[Array, "T E"]) -> Float[Arra
     grouped = scores.reshape(T, router.n_group, E // router.n_group)
     group_score = jnp.sum(jax.lax.top_k(grouped, router.group_top)[0], axis=-1)  # [T, G]
     _, best = jax.lax.top_k(group_score, router.topk_group)
-    keep = jnp.zeros(group_score.shape, bool).at[jnp.arange(T)[:, None], best].set(True)
+    keep = jnp.any(best[:, :, None] == jnp.arange(router.n_group), axis=1)  # [T, G]; a compare, not a scatter
     return jnp.where(keep[:, :, None], grouped, -jnp.inf).reshape(T, E)
 
 
@@ -212,26 +225,47 @@ def routed_all(activation: str, experts: dict, x: Float[Array, "T D"], idx: Int[
     return jnp.einsum("ted,te->td", out.astype(jnp.float32), combine)
 
 
+class _Pairs(NamedTuple):
+    """The T*k (token, slot) pairs, pair p = token p // k's slot p % k, grouped by the expert held here."""
+
+    key: Int[Array, "R"]  # the pair's expert among those held here; E_here for a pair of an expert held elsewhere
+    order: Int[Array, "R"]  # pair ids sorted by key (stable): each expert's pairs contiguous, experts in order
+    inverse: Int[Array, "R"]  # the position of each pair in `order`
+    sizes: Int[Array, "E"]  # pairs per expert held here
+    rank: Int[Array, "R"]  # in `order`'s sequence: the row's rank among its expert's pairs
+
+
+def _pairs(idx: Int[Array, "T k"], held: int, first) -> _Pairs:
+    local = idx.reshape(-1) - first
+    key = jnp.where((local >= 0) & (local < held), local, held)  # experts held elsewhere sort last
+    order = jnp.argsort(key, stable=True)
+    R = order.shape[0]
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(R, dtype=order.dtype))
+    sizes = jnp.bincount(key, length=held + 1)[:held]
+    rank = jnp.arange(R) - (jnp.cumsum(sizes) - sizes)[jnp.minimum(key[order], held - 1)]
+    return _Pairs(key, order, inverse, sizes, rank)
+
+
 def routed_sparse(moe: MoE, experts: dict, x: Float[Array, "T D"], idx: Int[Array, "T k"],
                   weights: Float[Array, "T k"], first: Int[Array, ""] | int = 0) -> Float[Array, "T D"]:
     """The routed experts held here (experts[...] [E_here, ...], global ids first .. first + E_here - 1) on
     the pairs routed to them, grouped by expert; pairs routed elsewhere contribute nothing. fp32 out."""
     T, k = idx.shape
     held = experts["gate_proj"].shape[0]
-    local = idx.reshape(-1) - first
-    here = (local >= 0) & (local < held)
-    key = jnp.where(here, local, held)  # pairs of experts held elsewhere sort last, under a key of their own
-    order = jnp.argsort(key, stable=True)  # pair order grouped by expert
-    sizes = jnp.bincount(key, length=held + 1)[:held]  # rows per expert held here
-    rows = x[order // k]  # [T*k, D]: the token of each pair, in expert order
-    if moe.dispatch == "ragged":
-        out = _grouped_ragged(moe.activation, experts, rows, sizes)
+    pairs = _pairs(idx, held, first)
+    tile = moe.tile or default_tile(T * k, held)
+    if moe.dispatch == "capacity":
+        capacity = min(moe.capacity or default_capacity(T * k, moe.router.num_experts, T), T)
+        per_pair = _capacity(moe.activation, experts, x, pairs, capacity, tile)
     else:
-        out = _grouped_tiles(moe.activation, experts, rows, key[order], sizes, moe.tile)
-    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
-    pair_weights = jnp.where(here, weights.reshape(-1), 0.0)  # rows held elsewhere come out 0; keep them 0
-    per_pair = out[inverse].astype(jnp.float32) * pair_weights[:, None]  # back in (token, slot) order
-    return jnp.sum(per_pair.reshape(T, k, -1), axis=1)
+        rows = x[pairs.order // k]  # [T*k, D]: the token of each pair, in expert order
+        if moe.dispatch == "ragged":
+            out = _grouped_ragged(moe.activation, experts, rows, pairs.sizes)
+        else:
+            out = _grouped_tiles(moe.activation, experts, rows, pairs.key[pairs.order], pairs.rank, pairs.sizes, tile)
+        per_pair = out[pairs.inverse]  # back in (token, slot) order
+    pair_weights = jnp.where(pairs.key < held, weights.reshape(-1), 0.0)  # pairs held elsewhere: 0, kept 0
+    return jnp.sum((per_pair.astype(jnp.float32) * pair_weights[:, None]).reshape(T, k, -1), axis=1)
 
 
 def _grouped_ragged(activation: str, experts: dict, rows: Float[Array, "R D"], sizes: Int[Array, "E"]
@@ -243,35 +277,83 @@ def _grouped_ragged(activation: str, experts: dict, rows: Float[Array, "R D"], s
 
 
 def default_tile(rows: int, experts: int) -> int:
-    """Tile rows for "tiles": the power of two at or above the mean rows per expert, within 8..128."""
-    mean = -(-rows // experts)
-    return min(128, max(8, 1 << (mean - 1).bit_length()))
+    """Tile rows for "tiles". At most as many rows as experts, the bound holds `rows` tiles whatever their size
+    (each row might be its expert's only one), so tiles of one row compute least. Above that, each tile costs a
+    gathered copy of its expert's weights: tiles of twice the mean rows per expert, as a power of two within
+    8..128, trade padding rows against tile count (on an H200, at LLaDA2.0-mini's shape, 128 was fastest)."""
+    if rows <= experts:
+        return 1
+    target = -(-2 * rows // experts)
+    return min(128, max(8, 1 << (target - 1).bit_length()))
+
+
+def default_capacity(rows: int, experts: int, max_rows: int) -> int:
+    """Rows per expert for "capacity": the mean (rows / experts) plus four of its Poisson standard deviations
+    plus one, in whole 8s above 8, at most max_rows (an expert's most: one row per token). An evenly loaded
+    router almost never exceeds it; a skewed one pays the overflow path, never a wrong result."""
+    mean = rows / experts
+    capacity = int(mean + 4 * mean ** 0.5 + 1.999)
+    capacity = capacity if capacity <= 8 else -(-capacity // 8) * 8
+    return min(capacity, max_rows)
 
 
 def _grouped_tiles(activation: str, experts: dict, rows: Float[Array, "R D"], row_expert: Int[Array, "R"],
-                   sizes: Int[Array, "E"], tile: int | None) -> Float[Array, "R D"]:
-    """The same as _grouped_ragged with plain XLA: each expert's rows (contiguous, in expert order) placed in
-    whole tiles of `tile` rows, one batched matmul over the tiles with each tile's expert weights gathered.
-    Rows with row_expert == E (of no expert here) are left out and come out 0."""
-    act = ACTIVATIONS[activation]
+                   rank: Int[Array, "R"], sizes: Int[Array, "E"], tile: int) -> Float[Array, "R D"]:
+    """The same as _grouped_ragged with plain XLA: row r is the rank[r]-th of the sizes[e] rows of its expert
+    e = row_expert[r] (rows with row_expert == E belong to no expert here, are left out and come out 0).
+    Each expert's rows go to whole tiles of `tile` rows; one batched matmul over the tiles, each with its
+    expert's weights gathered."""
     R, E = rows.shape[0], sizes.shape[0]
-    tile = tile or default_tile(R, E)
     n_tiles = (R + min(E, R) * (tile - 1)) // tile  # static bound on sum_e ceil(sizes[e] / tile)
     tiles = (sizes + tile - 1) // tile
     tile_end = jnp.cumsum(tiles)
-    group_start = jnp.cumsum(sizes) - sizes
     e = jnp.minimum(row_expert, E - 1)
-    slot = (tile_end[e] - tiles[e]) * tile + jnp.arange(R) - group_start[e]  # row -> place in the tiles
-    slot = jnp.where(row_expert < E, slot, n_tiles * tile)  # out of range: dropped below
+    slot = jnp.where(row_expert < E, (tile_end[e] - tiles[e]) * tile + rank, n_tiles * tile)  # out of range: dropped
     padded = jnp.zeros((n_tiles * tile, rows.shape[1]), rows.dtype).at[slot].set(rows, mode="drop")
-    padded = padded.reshape(n_tiles, tile, -1)
     tile_expert = jnp.minimum(jnp.searchsorted(tile_end, jnp.arange(n_tiles), side="right"), E - 1)
-    w = {name: jnp.take(experts[name].astype(rows.dtype), tile_expert, axis=0)
-         for name in ("gate_proj", "up_proj", "down_proj")}  # [n_tiles, in, out]
-    hidden = act(jnp.einsum("ntd,ndf->ntf", padded, w["gate_proj"])) * jnp.einsum("ntd,ndf->ntf", padded,
-                                                                                  w["up_proj"])
-    out = jnp.einsum("ntf,nfd->ntd", hidden, w["down_proj"]).reshape(n_tiles * tile, -1)
-    return out.at[slot].get(mode="fill", fill_value=0)
+    weights = {name: jnp.take(experts[name].astype(rows.dtype), tile_expert, axis=0)
+               for name in ("gate_proj", "up_proj", "down_proj")}  # [n_tiles, in, out]
+    out = _batched_mlp(activation, weights, padded.reshape(n_tiles, tile, -1))
+    return out.reshape(n_tiles * tile, -1).at[slot].get(mode="fill", fill_value=0)
+
+
+def _capacity(activation: str, experts: dict, x: Float[Array, "T D"], pairs: _Pairs, capacity: int, tile: int
+              ) -> Float[Array, "R D"]:
+    """Each pair's expert output, in (token, slot) order (0 for pairs of experts held elsewhere). Each expert's
+    first `capacity` pairs in one batched matmul over the experts ([E, capacity, D], gathered straight from x:
+    each expert's weights read in place, none copied); the pairs past an expert's capacity, if any, through
+    _grouped_tiles under a `lax.cond` (run only when some expert overflows; not compiled when capacity >= T,
+    the most pairs an expert can get)."""
+    T, R, E = x.shape[0], pairs.order.shape[0], pairs.sizes.shape[0]
+    k = R // T
+    starts = jnp.cumsum(pairs.sizes) - pairs.sizes
+    slots = jnp.arange(capacity)
+    pair = pairs.order[jnp.minimum(starts[:, None] + slots, R - 1)]  # [E, capacity]: the pair in each slot
+    filled = slots < pairs.sizes[:, None]
+    buffer = jnp.where(filled[:, :, None], x[pair // k], jnp.zeros((), x.dtype))
+    out = _batched_mlp(activation, experts, buffer).reshape(E * capacity, -1)
+    rank = pairs.rank[pairs.inverse]  # each pair's rank among its expert's pairs, in (token, slot) order
+    fits = (pairs.key < E) & (rank < capacity)
+    per_pair = out.at[jnp.where(fits, pairs.key * capacity + rank, E * capacity)].get(mode="fill", fill_value=0)
+    if capacity >= T:
+        return per_pair
+
+    def spill():  # the pairs past their expert's capacity, as "tiles" runs them
+        row_expert = pairs.key[pairs.order]
+        over = jnp.where((row_expert < E) & (pairs.rank >= capacity), row_expert, E)
+        out = _grouped_tiles(activation, experts, x[pairs.order // k], over, pairs.rank - capacity,
+                             jnp.maximum(pairs.sizes - capacity, 0), tile)
+        return out[pairs.inverse]
+
+    return per_pair + jax.lax.cond(jnp.any(pairs.sizes > capacity), spill, lambda: jnp.zeros_like(per_pair))
+
+
+def _batched_mlp(activation: str, weights: dict, x: Float[Array, "N C D"]) -> Float[Array, "N C D"]:
+    """act(x gate) * (x up) @ down for N groups of rows, each group with its own [N, ...] weights."""
+    act = ACTIVATIONS[activation]
+    w = {name: weights[name].astype(x.dtype) for name in ("gate_proj", "up_proj", "down_proj")}
+    hidden = act(jnp.einsum("ncd,ndf->ncf", x, w["gate_proj"])) * jnp.einsum("ncd,ndf->ncf", x, w["up_proj"])
+    return jnp.einsum("ncf,nfd->ncd", hidden, w["down_proj"])
 
 
 # ---------------------------------------------------------------- the layer
@@ -302,9 +384,9 @@ def _routed(moe: MoE, params: dict, x: Float[Array, "T D"], router_input: Float[
     idx, weights = route(moe.router, router_input, params["gate"]["kernel"], params.get("expert_bias"),
                          params.get("expert_scale"))
     if moe.dispatch == "all":
-        if first != 0 or params["experts"]["gate_proj"].shape[0] != moe.router.num_experts:
-            raise ConfigError("MoE dispatch 'all' runs every expert on one device: use 'ragged' or 'tiles' "
-                              "with an expert axis")
+        if params["experts"]["gate_proj"].shape[0] != moe.router.num_experts:  # a shard of them (expert axis)
+            raise ConfigError("MoE dispatch 'all' runs every expert on one device: use 'capacity', 'ragged' or "
+                              "'tiles' with an expert axis")
         return routed_all(moe.activation, params["experts"], x, idx, weights)
     return routed_sparse(moe, params["experts"], x, idx, weights, first)
 
@@ -332,5 +414,5 @@ def _expert_parallel(moe: MoE, params: dict, x: Float[Array, "T D"], router_inpu
                          axis_names={EXPERT_AXIS}, check_vma=False)(routed_params, x, router_input)
 
 
-__all__ = ["ACTIVATIONS", "EXPERT_AXIS", "MoE", "Router", "default_tile", "dense_mlp", "moe_layer", "route",
-           "routed_all", "routed_sparse"]
+__all__ = ["ACTIVATIONS", "DISPATCHES", "EXPERT_AXIS", "MoE", "Router", "default_capacity", "default_tile",
+           "dense_mlp", "moe_layer", "route", "routed_all", "routed_sparse"]

@@ -174,7 +174,7 @@ def test_gemma_router_and_gelu_tanh_experts_match_diffusion_gemma():
     ours = _route(Router(E, k, score="softmax", normalise=True, expert_scale=True), router_input, p)
     assert_same_routing(ours, (i.numpy(), w.numpy()))
     assert not np.allclose(ours[1].sum(-1), 1.0, rtol=1e-2)  # the per-expert scales took part
-    for dispatch in ("ragged", "tiles"):
+    for dispatch in ("capacity", "ragged", "tiles"):
         y = routed_sparse(MoE(Router(E, k), activation="gelu_tanh", dispatch=dispatch), p["experts"],
                           jnp.asarray(h), jnp.asarray(ours[0]), jnp.asarray(ours[1]))
         np.testing.assert_allclose(np.asarray(y), y_torch, rtol=1e-5, atol=1e-5)
@@ -209,7 +209,7 @@ def llada_moe_numpy(p, h, k):
     return idx, weights, out
 
 
-@pytest.mark.parametrize("dispatch", ["ragged", "tiles", "all"])
+@pytest.mark.parametrize("dispatch", ["capacity", "ragged", "tiles", "all"])
 def test_llada_moe_router_and_block_match_numpy_transcription(dispatch):
     E, k = 16, 4
     rng = np.random.default_rng(11)
@@ -231,7 +231,7 @@ def test_llada_moe_router_and_block_match_numpy_transcription(dispatch):
 
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe"])
-@pytest.mark.parametrize("dispatch", ["ragged", "tiles", "all"])
+@pytest.mark.parametrize("dispatch", ["capacity", "ragged", "tiles", "all"])
 def test_moe_block_matches_transformers(family, dispatch):
     """Routed (group-limited sigmoid, bias, renormalised, scaled) plus one shared expert, against
     DeepseekV3MoE / Glm4MoeMoE with the weights mapped."""
@@ -278,8 +278,8 @@ def _layer_case(E=32, k=4, T=200, seed=0, dtype=jnp.float32):
 
 
 def test_sparse_dispatch_equals_all_experts():
-    """Both grouped matmuls against every-expert-on-every-token, in fp32, at several tile sizes (the tile
-    bound's padding and its empty experts included). The only difference is the order of fp32 sums: measured
+    """The grouped matmuls against every-expert-on-every-token, in fp32, at several tile sizes (the tile bound's
+    padding and its empty experts included) and capacities (small ones overflow into tiles). The only difference is the order of fp32 sums: measured
     max |diff| 9.5e-7 (ragged, tiles of 1) to 4.8e-6 (tiles of 64) on outputs of max |y| 16, i.e. <= 3.0e-7
     of max |y|; the bound is 1e-6 of it."""
     router, p, x = _layer_case()
@@ -288,15 +288,19 @@ def test_sparse_dispatch_equals_all_experts():
     reference = routed_all("silu", p["experts"], x, idx, w)
     scale = float(jnp.max(jnp.abs(reference)))
     assert scale > 1.0
-    for moe in [MoE(router, dispatch="ragged")] + [MoE(router, dispatch="tiles", tile=t) for t in (None, 1, 7, 64)]:
+    sizes = np.bincount(np.asarray(idx).reshape(-1), minlength=router.num_experts)
+    assert sizes.min() <= 3 < sizes.max() and sizes.max() > 2 * sizes.mean()  # capacities 3 and 8 overflow
+    moes = ([MoE(router, dispatch="ragged")] + [MoE(router, dispatch="tiles", tile=t) for t in (None, 1, 7, 64)]
+            + [MoE(router, capacity=c, tile=t) for c, t in ((None, None), (3, None), (8, 4), (200, None))])
+    for moe in moes:
         y = jax.jit(lambda p, x, moe=moe: routed_sparse(moe, p["experts"], x, idx, w))(p, x)
         err = float(jnp.max(jnp.abs(y - reference)))
-        assert err <= 1e-6 * scale, (moe.dispatch, moe.tile, err)
+        assert err <= 1e-6 * scale, (moe.dispatch, moe.capacity, moe.tile, err)
     # Few tokens and many experts: most experts have no row (the tiles' static bound is mostly padding).
     small = x[:3]
     idx, w = route(router, small, p["gate"]["kernel"], p["expert_bias"])
     reference = routed_all("silu", p["experts"], small, idx, w)
-    for dispatch in ("ragged", "tiles"):
+    for dispatch in ("capacity", "ragged", "tiles"):
         y = routed_sparse(MoE(router, dispatch=dispatch), p["experts"], small, idx, w)
         np.testing.assert_allclose(np.asarray(y), np.asarray(reference), rtol=1e-6, atol=1e-6 * scale)
 
@@ -323,7 +327,9 @@ def test_router_computes_in_fp32_under_bf16_parameters():
 
 def test_layer_runs_inside_while_loop_and_keeps_leading_dims():
     router, p, x = _layer_case(T=64)
-    moe = MoE(router, dispatch="tiles")
+    moe = MoE(router, capacity=2)  # experts overflow: the lax.cond's spill branch runs inside the loop
+    idx, _ = route(router, x, p["gate"]["kernel"], p["expert_bias"])
+    assert np.bincount(np.asarray(idx).reshape(-1)).max() > 2
     once = moe_layer(moe, p, x)
 
     @jax.jit
@@ -356,6 +362,11 @@ def test_parameters_that_disagree_with_the_router_are_named():
         route(Router(16, 2, bias="select"), x, p["gate"]["kernel"], p["expert_bias"])
     with pytest.raises(ConfigError, match="MoE dispatch 'sorted'"):
         MoE(router, dispatch="sorted")
+    with pytest.raises(ConfigError, match="MoE capacity=0"):
+        MoE(router, capacity=0)
+    with pytest.raises(ConfigError, match="'all' runs every expert on one device"):
+        half = {**p, "experts": jax.tree.map(lambda a: a[:16], p["experts"])}
+        moe_layer(MoE(router, dispatch="all"), half, x)
 
 
 # ---------------------------------------------------------------- expert parallelism on 8 fake devices
@@ -385,8 +396,8 @@ for data, expert, model in ((1, 8, 1), (2, 4, 1), (2, 2, 2), (4, 1, 2)):
             held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
     assert len(held) == 8 and set(held.values()) == {expert_bytes // expert}, (data, expert, model, held)
     rows = jax.device_put(x, NamedSharding(mesh, P("data")))
-    for dispatch in ("ragged", "tiles"):
-        moe = MoE(router, dispatch=dispatch)
+    for moe in (MoE(router), MoE(router, capacity=3), MoE(router, dispatch="ragged"), MoE(router, dispatch="tiles")):
+        dispatch = f"{moe.dispatch} {moe.capacity}"
         # As a plain jitted program (XLA partitions the rest) ...
         y = jax.jit(lambda p, x: moe_layer(moe, p, x, mesh=mesh))(params, rows)
         # ... and nested in a data-parallel shard_map, as dist's decode loop runs the model.
@@ -418,7 +429,7 @@ def test_expert_parallel_meshes_equal_one_device():
                        env={**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = r.stdout.split("\n")
-    assert lines[-2].startswith("ok") and len(lines) == 4 * 2 * 2 + 2, r.stdout
+    assert lines[-2].startswith("ok") and len(lines) == 4 * 4 * 2 + 2, r.stdout
 
 
 def test_routed_expert_leaves_split_over_the_expert_axis():
