@@ -157,7 +157,7 @@ class DiffusionGemmaArch:
     moe_intermediate_size: int
     eos_token_ids: tuple[int, ...]  # every id that ends a row (config.json may list several)
     image_token_ids: tuple[int, ...]  # image placeholder, begin and end of image: refused (text only)
-    moe_dispatch: str = "ragged"  # moe.MoE.dispatch
+    moe_dispatch: str | None = None  # moe.MoE.dispatch (None: its default)
 
     def __post_init__(self):
         if not self.layer_types or set(self.layer_types) - {"sliding", "full"}:
@@ -178,7 +178,8 @@ class DiffusionGemmaArch:
 
     def moe(self) -> MoE:
         router = Router(self.num_experts, self.top_k_experts, score="softmax", normalise=True, expert_scale=True)
-        return MoE(router, activation="gelu_tanh", dispatch=self.moe_dispatch)
+        chosen = {} if self.moe_dispatch is None else {"dispatch": self.moe_dispatch}
+        return MoE(router, activation="gelu_tanh", **chosen)
 
 
 def arch_of(config: ModelConfig) -> DiffusionGemmaArch:
