@@ -64,7 +64,8 @@ def randomized(model, seed: int):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, p in model.named_parameters():
-            p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g) if p.ndim == 1 else 0.1 * torch.randn(p.shape, generator=g))
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.3 * noise if p.ndim == 1 else 0.1 * noise)
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):
                 b.copy_(0.5 + torch.rand(b.shape, generator=g))
@@ -144,6 +145,14 @@ def test_both_config_forms_read_alike_and_as_transformers_reads_them():
     assert read_config(written) == a
     again = DiffusionGemmaConfig(**{k: v for k, v in written.items() if k not in ("architectures", "model_type")})
     assert again.text_config.per_layer_config[4].head_dim == 16 and again.canvas_length == C
+    # no layer_types: transformers' pattern (five sliding, one full; the last layer forced full); a softcap given
+    text = {k: v for k, v in TEXT.items() if k != "layer_types"} | {"num_hidden_layers": 7,
+                                                                      "final_logit_softcapping": 12.0}
+    default = read_config({**released, "text_config": text})
+    hf_default = DiffusionGemmaConfig(text_config=text, vision_config=VISION).text_config
+    assert default.arch.layer_types == tuple(dg.KINDS[t] for t in hf_default.layer_types)
+    assert default.arch.layer_types[-2:] == ("full", "full")
+    assert default.arch.logit_softcap == hf_default.final_logit_softcapping == 12.0
 
 
 @pytest.mark.parametrize("change, words", [
@@ -258,12 +267,12 @@ def test_decoder_after_encoded_canvases_matches_transformers_cache(pair):
 
 def test_left_padded_rows_equal_themselves_alone(pair):
     _, config, params = pair
-    ids, mask = batch(6, [10, 6, 3], 10)
-    canvas = np.random.default_rng(7).integers(0, VOCAB, (3, C))
-    sc = np.random.default_rng(8).normal(0, 3, (3, C, VOCAB)).astype(np.float32)
+    ids, mask = batch(6, [10, 3], 10)  # the second row: 7 pads, and fewer real tokens than the window
+    canvas = np.random.default_rng(7).integers(0, VOCAB, (2, C))
+    sc = np.random.default_rng(8).normal(0, 3, (2, C, VOCAB)).astype(np.float32)
     logits, kv = dg.encode(params, ids, mask, config)
     dec = dg.decoder_logits(params, ids, mask, canvas, config, sc_logits=sc)
-    for b in range(3):
+    for b in range(2):
         alone = ids[b:b + 1, mask[b]]
         one_logits, one_kv = dg.encode(params, alone, np.ones(alone.shape, bool), config)
         np.testing.assert_allclose(np.asarray(logits)[b, mask[b]], np.asarray(one_logits)[0], atol=SELF_TOL, rtol=0)
@@ -410,6 +419,107 @@ def test_stop_decisions_are_stable_and_confident_criterions():
             np.testing.assert_array_equal(np.asarray(got), expected)
             decisions |= {(stability, bool(d)) for d in expected}
     assert decisions == {(s, d) for s in (0, 1, 2) for d in (False, True)}  # each setting stops and goes on
+
+
+# ---------------------------------------------------------------- the pieces as a generation
+
+
+def eager_generate(params, config, ids, mask, noise, *, steps, t_min, t_max, bound, stability, confidence, eos, pad):
+    """transformers' generate (greedy sampling) written eagerly with this module's pieces, as the module docstring
+    says a generation calls them: the reference the compiled canvas loop can be checked against. noise [B, J,
+    steps + 1, C]: each canvas's initial draw, then the renoise after each pass. Returns (generated tokens
+    [B, J * C] with transformers' padding after EOS, decoder passes per row, how many kept canvases differ from
+    the last sampled one)."""
+    B, J = noise.shape[:2]
+    cache = dg.init_cache(config, B, ids.shape[1] + J * C)
+    _, cache = dg.encode_into(params, cache, jnp.asarray(ids), jnp.asarray(mask), config)
+    finished, passes, out, differ = np.zeros(B, bool), np.zeros(B, int), [], 0
+    for j in range(J):
+        canvas, argmax, soft, z_prev = jnp.asarray(noise[:, j, 0]), jnp.asarray(noise[:, j, 0]), None, None
+        history, done = dg.init_history(B, stability, C), np.zeros(B, bool)
+        for i in range(steps):
+            passes += ~(done | finished)
+            z = dg.decode(params, cache, canvas, config, soft) / dg.temperature(i, steps, t_min, t_max)
+            a = jnp.argmax(z, axis=-1)  # greedy: the sample is the argmax
+            new = jnp.where(dg.accept(z, bound), a, noise[:, j, i + 1])
+            frozen = jnp.asarray(done)  # rows already done keep their argmax, canvas and logits
+            a = jnp.where(frozen[:, None], argmax, a)
+            new = jnp.where(frozen[:, None], canvas, new)
+            z = z if z_prev is None else jnp.where(frozen[:, None, None], z_prev, z)
+            stop_now, history = dg.stop(a, history, z, confidence)
+            done |= np.asarray(stop_now)
+            canvas, argmax, z_prev, soft = new, a, z, dg.soft_embedding(params, z, config)
+            if done.all():
+                break
+        kept, before = np.asarray(argmax).copy(), finished.copy()  # the argmax, not the sampled canvas
+        differ += int((kept != np.asarray(canvas)).any(axis=1)[~finished].sum())
+        finished |= np.isin(kept, eos).any(axis=1) | (j == J - 1)
+        kept[before] = pad  # rows ended on an earlier canvas: pad
+        is_eos = np.isin(kept, eos)
+        seen = np.cumsum(is_eos, axis=1)
+        kept[(finished & ~before)[:, None] & (seen > 0) & ~((seen == 1) & is_eos)] = pad  # after the first EOS
+        out.append(kept)
+        if finished.all():
+            break
+        _, cache = dg.encode_into(params, cache, jnp.asarray(kept), jnp.ones(kept.shape, bool), config)
+    return np.concatenate(out, axis=1), passes, differ
+
+
+@pytest.mark.parametrize("stability, confidence, bound, t_min, t_max", [(0, 0.05, 0.5, 0.01, 0.03),
+                                                                       (1, 0.5, 0.1, 0.05, 0.1)])
+def test_the_pieces_make_transformers_generate(monkeypatch, stability, confidence, bound, t_min, t_max):
+    """transformers' generate with its random draws supplied (canvas_noise) and the sampler greedy, against
+    `eager_generate`: the same tokens and decoder passes per row, on a run with early stops at several steps
+    (stability 0) or none (stability 1, where the last pass leaves positions re-noised, so keeping the argmax
+    rather than the sampled canvas shows), rows ending on EOS at different canvases and left padding. The
+    self-conditioning MLP is damped: at low temperature its feedback multiplies fp32 noise by ~5 a step on
+    random weights, and two correct implementations part ways after a few steps."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+    from transformers.models.diffusion_gemma import generation_diffusion_gemma as generation
+
+    torch.manual_seed(0)
+    hf = randomized(DiffusionGemmaForBlockDiffusion(hf_config()), seed=1)
+    with torch.no_grad():
+        hf.model.decoder.self_conditioning.down_proj.weight.mul_(0.1)
+    config = read_config(hf.config.to_dict())
+    params = params_from_state(hf.state_dict(), config)
+    hf.set_attn_implementation("sdpa")  # its generate builds an integer-typed mask under eager attention
+    B, J, N = 3, 3, 10
+    ids, mask = batch(30, [7, 5, 3], 7)
+    noise = np.random.default_rng(31).integers(0, VOCAB, (B, J, N + 1, C))
+    settings = dict(steps=N, t_min=t_min, t_max=t_max, bound=bound, stability=stability, confidence=confidence)
+    eos = [206, 74]
+
+    where = {"canvas": -1, "step": 0}
+
+    def initialize_canvas(self, batch_size, device):  # once per canvas
+        where["canvas"], where["step"] = where["canvas"] + 1, 0
+        return torch.from_numpy(noise[:, where["canvas"], 0])
+
+    def renoise_canvas(self, accepted, cur_step):  # after every pass
+        where["step"] += 1
+        fresh = torch.from_numpy(noise[:, where["canvas"], where["step"]])
+        return torch.where(self.accepted_token_mask, accepted, fresh)
+
+    monkeypatch.setattr(generation.EntropyBoundSampler, "initialize_canvas", initialize_canvas)
+    monkeypatch.setattr(generation.EntropyBoundSampler, "renoise_canvas", renoise_canvas)
+    monkeypatch.setattr(torch, "multinomial", lambda probs, num_samples: probs.argmax(-1, keepdim=True))
+    with torch.no_grad():
+        ref = hf.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), max_new_tokens=J * C,
+                          max_denoising_steps=N, t_min=settings["t_min"], t_max=settings["t_max"],
+                          sampler_config=generation.EntropyBoundSamplerConfig(entropy_bound=settings["bound"]),
+                          stability_threshold=stability, confidence_threshold=confidence, pad_token_id=0,
+                          eos_token_id=eos)
+    tokens, passes, differ = eager_generate(params, config, ids, mask, noise, eos=eos, pad=0, **settings)
+    ref_tokens = ref.sequences[:, ids.shape[1]:].numpy()
+    np.testing.assert_array_equal(tokens, ref_tokens)
+    np.testing.assert_allclose((tokens != 0).sum(1) / passes, ref.tokens_per_forward.numpy(), rtol=1e-6)
+    ended = (tokens == 0).any(axis=1)
+    assert ended.any() and not ended.all()  # some rows ended on EOS, some ran every canvas
+    if stability == 0:
+        assert len(set(passes.tolist())) == B and (passes % N).any()  # stops at different steps
+    else:
+        assert (passes % N == 0).all() and differ > 0
 
 
 # ---------------------------------------------------------------- conversion and loading

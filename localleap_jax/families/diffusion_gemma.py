@@ -58,26 +58,36 @@ one call or in chunks gives the same K/V. A generation of J canvases of C tokens
     cache = init_cache(config, B, Lp + J * C)
     _, cache = encode_into(params, cache, prompt, prompt_mask, config)
     for j in range(J):                               # lax.while_loop over canvases
-        canvas = noise[:, j, 0]                      # uniform ids in [0, vocab)
-        soft = zeros [B, C, D]; history = init_history(B, stability_threshold, C); done = False; argmax = canvas
+        canvas = argmax = noise[:, j, 0]             # uniform ids in [0, vocab)
+        soft = None (zeros [B, C, D]); history = init_history(B, stability_threshold, C); done = False
         for i in range(N):                           # lax.while_loop over denoising steps, while any row works
+            nfe += ~(done | ended)                   # transformers' count: passes while the row works
             z = decode(params, cache, canvas, config, soft) / temperature(i, N, t_min, t_max)
-            x = categorical(z); a = argmax(z)        # transformers: torch.multinomial on softmax(z)
-            new = where(accept(z, entropy_bound), x, noise[:, j, i + 1])        # accept, then renoise the rest
-            a, new, z = where(done, (argmax, canvas, z_prev), (a, new, z))     # rows done keep their state
-            stop_now, history = stop(a, history, z, confidence_threshold)     # (history: the frozen argmax)
-            nfe += ~done; done |= stop_now; canvas, argmax = new, a
-            soft = soft_embedding(params, z, config) # (rows done: their frozen soft embedding)
-        _, cache = encode_into(params, cache, argmax, ones, config)   # the ARGMAX canvas is kept and encoded
-        # EOS (any of arch.eos_token_ids) in the kept canvas ends the row; later canvases of an ended row are
-        # pad in transformers' output (they are still encoded and attended).
+            x = categorical(z); a = argmax(z)        # transformers: torch.multinomial(softmax(z)); greedy: x = a
+            new = where(accept(z, entropy_bound), x, noise[:, j, i + 1])      # accept, renoise the rest
+            a, new, z = where(done, (argmax, canvas, z_prev), (a, new, z))   # rows done keep their state
+            stop_now, history = stop(a, history, z, confidence_threshold)   # (the frozen argmax goes in)
+            done |= stop_now; canvas, argmax, z_prev = new, a, z
+            soft = soft_embedding(params, z, config)
+        kept = argmax                                # the ARGMAX canvas is the output, not the sampled one
+        ended |= any(kept in arch.eos_token_ids); pad what follows the first EOS (and the canvases of rows
+        ended before); encode what is kept:
+        _, cache = encode_into(params, cache, kept, ones, config)
+
+tests/test_diffusion_gemma.py `eager_generate` is this loop, eagerly; it reproduces transformers' generate
+(tokens and passes) with the draws supplied. On random weights at low temperature the self-conditioning feedback
+multiplies fp32 noise by ~5 a step, so whole generations of two correct implementations part ways after a few
+steps: compare them where the feedback is damped (that test scales the self-conditioning MLP by 0.1).
 
 Randomness in transformers' generate (it has no deterministic mode; tests supply these draws): the initial
 canvas (`EntropyBoundSampler.initialize_canvas`, torch.randint [B, C], once per canvas), then in every step
 `torch.multinomial(softmax(z))` (the sample x) and, after it, the renoise draw (`renoise_canvas` ->
 `initialize_canvas`, torch.randint [B, C], also after the last step and for rows already done). So a loop fed
 `canvas_noise [B, J, N + 1, C]` (index 0 the initial canvas, index i + 1 the renoise after pass i) and a
-sampler that is argmax (or fed Gumbel noise) reproduces it once torch.multinomial is made to agree.
+sampler that is argmax (or fed Gumbel noise) reproduces it once torch.multinomial is made to agree (the test
+patches `EntropyBoundSampler.initialize_canvas` / `renoise_canvas` and `torch.multinomial`; transformers has no
+greedy mode: the temperature never reaches 0). Its generate needs `attn_implementation="sdpa"`: under "eager"
+it builds the decoder's mask with the canvas' integer dtype and fails.
 
 Where Google's JAX sampler (google-deepmind/gemma `gemma/diffusion/_sampler.py`, `_early_stopping.py`)
 differs from transformers (followed here): its stability test compares the argmax with the canvas fed in, not
@@ -91,7 +101,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple
 
