@@ -12,7 +12,7 @@ The network (pure functions over a plain parameter dict; fp32 norms, RoPE and at
 matmuls in the parameter dtype, logits in fp32):
 - layers of two kinds from `layer_types`: "sliding" (head_dim, num_key_value_heads, q/k/v projections, default
   RoPE) and "full"/global (global_head_dim, num_global_key_value_heads, no v_proj: V is the raw K projection,
-  proportional RoPE: only the first partial_rotary_factor of each head's frequency pairs rotate, at theta^(2i/
+  proportional RoPE: only the first partial_rotary_factor of each head's frequency pairs rotate, at theta^(-2i/
   head_dim)); each kind its own theta. q and k get a per-head RMSNorm, v a scale-free one; attention scale 1.0.
   The tree holds one layer-stacked dict per kind ("sliding" [Ns, ...], "full" [Nf, ...]) and the layers run in
   `layer_types` order.
@@ -30,6 +30,11 @@ matmuls in the parameter dtype, logits in fp32):
 
 Positions start at each row's first real token (left padding is never attended), so a left-padded row
 computes what it computes alone.
+
+Cost, as written (not yet tuned): the layers are a Python loop (unrolled: compile time grows with depth, the
+kinds' stacks sliced per layer); `decode` concatenates each layer's cached K/V with the canvas' (a copy of the
+buffer per layer and pass) and `encode_into` attends over the whole buffer under a mask. A scan over the
+periodic layer pattern and a two-part softmax (cache, canvas) would remove both.
 
 Public functions (`config` is the loaded ModelConfig; all jit with it static):
 
@@ -601,7 +606,8 @@ def encode_into(params: dict, cache: EncoderCache, ids: Int[Array, "B T"], mask:
                 config: ModelConfig, mesh=None) -> tuple[Float[Array, "B T V"], EncoderCache]:
     """The causal encoder over a chunk of T tokens that follows what `cache` holds (mask: True on real tokens;
     left padding in the first chunk). Returns the chunk's softcapped logits and the cache with its K/V written
-    at each row's `end` (the buffer must have T free slots there: a write past the end is clipped by XLA)."""
+    at each row's `end` (the buffer must have T free slots there: XLA would clamp a write past its end onto
+    earlier slots)."""
     a = arch_of(config)
     mask = mask.astype(bool)
     positions = cache.length[:, None] + jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
