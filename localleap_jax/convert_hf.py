@@ -32,7 +32,7 @@ from localleap_jax.checkpoint import abstract_params, atomic_directory, check_ou
 from localleap_jax.config import ModelConfig
 from localleap_jax.errors import ConfigError, ConversionError, first_line
 from localleap_jax.families import FAMILIES, Family, detect, family_of, tensor_map
-from localleap_jax.families.target import hf_shape, leaf_of, parts
+from localleap_jax.families.target import hf_shape, leaf_of, parts, swap_last
 from localleap_jax.hashing import sha256_file
 
 _DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32, "F64": np.float64}
@@ -148,8 +148,11 @@ def check_tensors(shards: list[Path], config: ModelConfig) -> dict[str, TensorIn
     found: dict[str, TensorInfo] = {}
     duplicates, unexpected, bad_shape, bad_dtype = [], [], [], []
     expected = abstract_params(config)
+    ignored = family_of(config).ignored_tensors  # name prefixes of tensors the network does not use
     for shard in shards:
         for name, info in read_header(shard).items():
+            if ignored and name.startswith(ignored) and name not in targets:
+                continue
             if name in found:
                 duplicates.append(f"{name} (in {found[name].shard.name} and {shard.name})")
                 continue
@@ -166,10 +169,13 @@ def check_tensors(shards: list[Path], config: ModelConfig) -> dict[str, TensorIn
                 if info.shape != want[0]:
                     bad_shape.append(f"{name} is {list(info.shape)}, config.json implies {list(want[0])}")
                 continue
-            # a fused tensor: its row blocks must tile its first axis, each block the shape of its destination
+            # a fused tensor: its row blocks must tile its rows (second-to-last axis), each block the shape of its
+            # destination
             rows = sorted((t.rows, w) for t, w in zip(blocks, want))
-            whole = (sum(w[0] for _, w in rows),) + rows[0][1][1:]
-            tiles = all(r[0] == sum(w[0] for _, w in rows[:i]) and r[1] - r[0] == w[0] for i, (r, w) in enumerate(rows))
+            axis = len(rows[0][1]) - 2
+            whole = rows[0][1][:axis] + (sum(w[axis] for _, w in rows),) + rows[0][1][axis + 1:]
+            tiles = all(r[0] == sum(w[axis] for _, w in rows[:i]) and r[1] - r[0] == w[axis]
+                        for i, (r, w) in enumerate(rows))
             if info.shape != whole or not tiles:
                 bad_shape.append(f"{name} is {list(info.shape)}, config.json implies {list(whole)}")
     missing = [n for n in targets if n not in found]
@@ -270,8 +276,9 @@ def convert(src: str, out: str, dtype: str = "source", revision: str | None = No
                         raise ConversionError(f"{name} holds {non_finite} non-finite value(s) (NaN/inf) in {shard.name}")
                     for tgt in parts(targets[name]):
                         dst = leaf_of(params, tgt)
-                        block = src_arr if tgt.rows is None else src_arr[tgt.rows[0]:tgt.rows[1]]
-                        np.copyto(dst, block.T if tgt.transpose else block, casting="unsafe")
+                        block = src_arr if tgt.rows is None else src_arr[..., tgt.rows[0]:tgt.rows[1], :]
+                        np.copyto(dst, swap_last(block) if tgt.transpose else block,
+                                  casting="unsafe")
                         narrower = ml_dtypes.finfo(out_dtype).max < ml_dtypes.finfo(src_arr.dtype).max
                         if narrower and not np.isfinite(dst).all():  # a value beyond the target dtype's range
                             raise ConversionError(f"{name} overflows {out_dtype.name} (values beyond its range)")

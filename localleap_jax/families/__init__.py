@@ -10,6 +10,8 @@
   fast_dllm_v2  Fast-dLLM v2 (Qwen2.5 keys): block-causal, logits shifted, sub-blocks   fast_dllm_v2.py
   llada2        LLaDA2.x (Ling-2.0 MoE): block-causal (a decoding block), partial rotary  llada2.py
   llada_moe     LLaDA-MoE (OLMoE-like MoE), bidirectional                                 llada_moe.py
+  diffusion_gemma  DiffusionGemma: Gemma-4 MoE encoder-decoder, uniform-noise canvases     diffusion_gemma.py
+                   (its own network, `init_params`/`denoiser` hooks)
   (fields.py: typed config.json readers; qwen.py: the Qwen2/Qwen3 keys and tensor names Dream and SDAR share;
    target.py: where a tensor goes.)
 
@@ -58,6 +60,9 @@ class Family:
     complete_config: Callable[[Path, dict], dict] | None = None
     build_tokenizer: Callable[[Path, Path], bool] | None = None
     slow_tokenizer_files: str = ""  # what `build_tokenizer` reads, for the "no tokenizer" message
+    # Name prefixes of HF tensors the network does not use, which the converter skips (DiffusionGemma's vision
+    # tower: this package runs its text model only).
+    ignored_tensors: tuple[str, ...] = ()
     # Likelihood: the family's own Monte-Carlo estimator ("llada" | "dream"), or None with the reason it is refused;
     # how text becomes (context, continuation) ids: LLaDA's split, or Dream's with EOS appended to the whole (context
     # its estimator never masks).
@@ -71,10 +76,10 @@ class Family:
     eval_strategies: str = "low_confidence,threshold,localleap"
 
 
-from localleap_jax.families import dream, fast_dllm_v2, llada, llada2, llada_moe, sdar  # noqa: E402  (each a Family)
+from localleap_jax.families import diffusion_gemma, dream, fast_dllm_v2, llada, llada2, llada_moe, sdar  # noqa: E402
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (llada.FAMILY, dream.FAMILY, sdar.FAMILY, fast_dllm_v2.FAMILY,
-                                                    llada2.FAMILY, llada_moe.FAMILY)}
+                                                    llada2.FAMILY, llada_moe.FAMILY, diffusion_gemma.FAMILY)}
 
 
 def family_of(config_or_name: ModelConfig | str) -> Family:
