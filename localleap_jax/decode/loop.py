@@ -56,6 +56,7 @@ class LoopState(NamedTuple):
     rule_state: Any  # the rule's own state, leading axis B
     record: Any  # the recorder's state (() when not recording)
     remasks: Any = ()  # [B] tokens taken back per row, for a rule that revokes (else (): nothing in the program)
+    edits: Any = ()  # [B] tokens replaced per row, for a rule that edits (else (): nothing in the program)
 
 
 class LoopOutput(NamedTuple):
@@ -65,6 +66,7 @@ class LoopOutput(NamedTuple):
     full_passes: Int[Array, ""]
     record: Any
     remasks: Any = ()
+    edits: Any = ()
 
 
 class Pass(NamedTuple):
@@ -94,7 +96,8 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     step = denoise_step(denoiser.head, hidden.block if region.valid is None else hidden.region, region.tokens,
                         state.done, state.step_in_block, rule, state.rule_state, scoring=loop.scoring,
                         special=special, key=key, gen_length=G, block_length=T, num_blocks=canvas.row_blocks,
-                        valid=region.valid, held_out=hidden.held_out, traits=loop.traits)
+                        valid=region.valid, held_out=hidden.held_out, traits=loop.traits, idx=region.idx,
+                        prompt_length=canvas.prompt_length)
     x = state.x.at[jnp.arange(B)[:, None], region.idx].set(step.tokens)
 
     if region.valid is None:  # the block is the region
@@ -103,6 +106,8 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     else:  # the block ends when nothing up to its end is masked
         block_full = ~jnp.any((step.tokens == special.mask) & region.valid, axis=1)
         block_now = block._replace(tokens=rows_take(x, block.idx))
+    if step.finished is not None:  # a rule that ends its own blocks: on the pass it says so, once no mask is left
+        block_full &= step.finished
     last_block = state.block == canvas.row_blocks - 1
     stop_here, x = loop.stop.update(x, block_now, block_full, last_block, special, canvas.prompt_length)
     done = state.done | (~state.done & block_full & (last_block | stop_here))
@@ -127,6 +132,7 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
         rule_state=rule_state,
         record=record,
         remasks=() if step.remask is None else state.remasks + jnp.sum(step.remask > 0, axis=1, dtype=jnp.int32),
+        edits=() if step.edit is None else state.edits + jnp.sum(step.edit > 0, axis=1, dtype=jnp.int32),
     ), moved
 
 
@@ -138,8 +144,8 @@ def initial_state(denoiser: Denoiser, canvas: Canvas, rule, *, loop: LoopSetting
     zeros = jnp.zeros((B,), jnp.int32)
     state = LoopState(canvas.x0, zeros, zeros, jnp.zeros((B,), bool), zeros, jnp.int32(0), jnp.int32(0),
                       loop.cache.init(denoiser, canvas), rule_state0,
-                      loop.recorder.init(B, loop.gen_length, loop.max_passes or loop.gen_length),
-                      zeros if loop.traits.revokes else ())
+                      loop.recorder.init(B, loop.gen_length, loop.max_passes or loop.gen_length, loop.traits.edits),
+                      zeros if loop.traits.revokes else (), zeros if loop.traits.edits else ())
     return state, Pass(canvas, rule, rule_state0)
 
 
@@ -164,4 +170,4 @@ def decode_loop(denoiser: Denoiser, ids: Int[Array, "B P"], mask: Bool[Array, "B
         return ~jnp.all(state.done) & (state.passes < bound)
 
     state = jax.lax.while_loop(cond, body, state)
-    return LoopOutput(state.x, state.nfe, state.passes, state.full_passes, state.record, state.remasks)
+    return LoopOutput(state.x, state.nfe, state.passes, state.full_passes, state.record, state.remasks, state.edits)
