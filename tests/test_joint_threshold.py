@@ -170,11 +170,13 @@ def test_a_left_padded_batch_with_per_row_settings_equals_each_row_alone(which, 
 # ---------------------------------------------------------------- the bound
 
 
-def _flipping(gen_length: int, block_length: int) -> StubModel:
-    """A stub over V = 8 ids whose generated positions predict word 1 + j % 6 at 0.9, except each block's first
-    position, which predicts the word after the one it holds (never agreeing with itself): every block's one mask
-    pass commits it, then every post-edit pass edits its first position, until the budget ends the block."""
+def _flipping(gen_length: int, block_length: int, conf: float = 0.9) -> StubModel:
+    """A stub over V = 8 ids whose generated positions predict word 1 + j % 6 at `conf`, except each block's first
+    position, which predicts the word after the one it holds (never agreeing with itself): every block's mask
+    passes commit it, then every post-edit pass edits its first position, until the budget ends the block.
+    conf 1.0: every other logit is -inf, so the probability is exactly 1.0."""
     G, T = gen_length, block_length
+    rest = -jnp.inf if conf >= 1.0 else jnp.log((1.0 - conf) / (V - 1))
 
     def logits_fn(x):
         B, L = x.shape
@@ -183,10 +185,38 @@ def _flipping(gen_length: int, block_length: int) -> StubModel:
         word = 1 + j % 6
         flip = jnp.where(gen == MASK, 1, 1 + gen % 6)  # (the next word, cyclically; word 1 while a mask)
         target = jnp.where(j % T == 0, flip, word)
-        lp = jnp.where(jnp.arange(V) == target[..., None], jnp.log(0.9), jnp.log(0.1 / (V - 1)))
+        lp = jnp.where(jnp.arange(V) == target[..., None], jnp.log(conf), rest)
         return jnp.concatenate([jnp.zeros((B, L - G, V)), lp], axis=1)
 
     return StubModel(config(), FunctionDenoiser(logits_fn, V, 0))
+
+
+def _stub_reference(model: StubModel, prompt, **kw) -> JT.EditResult:
+    def logits_fn(canvas):
+        return np.asarray(model.denoiser.logits_fn(jnp.asarray(canvas)))
+
+    return JT.joint_threshold_generate(logits_fn, prompt, mask_id=MASK, layout="bidirectional", never_predict=[MASK],
+                                       **kw)
+
+
+@pytest.mark.parametrize("edit_threshold, nfe, edits", [(1.0, 2 * 9, 0), (0.999, 2 * 11, 2 * 9)])
+def test_both_thresholds_are_strict(edit_threshold, nfe, edits):
+    """Every prediction at probability exactly 1.0. Threshold 1.0: no mask passes ("> 1.0"), so each mask pass
+    commits the single most confident mask, the lowest position first: 8 mask passes per block of 8. The block's
+    first position (committed first) then disagrees with its token at exactly 1.0. edit_threshold 1.0: never
+    edited; the pass after the last commit changes nothing and ends the block: 9 passes. 0.999: edited in each of
+    the 7 later mask passes and in the 2 post-edit passes (max_post_edit_steps 2), the third ends the block: 11
+    passes, 9 edits. Two blocks."""
+    G, T = 16, 8
+    model = _flipping(G, T, conf=1.0)
+    prompt = [2, 3, 4]
+    ids, mask = left_pad([prompt], 0)
+    settings = dict(threshold=1.0, edit_threshold=edit_threshold, max_post_edit_steps=2)
+    out = ll.generate(model, ids, mask, ll.DecodeConfig(strategy=ll.rule("joint_threshold", **settings),
+                                                        gen_length=G, block_length=T))
+    theirs = _stub_reference(model, prompt, gen_length=G, block_length=T, **settings)
+    assert out.tokens[0, out.prompt_length:].tolist() == theirs.tokens[len(prompt):].tolist()
+    assert (int(out.nfe[0]), int(out.edits[0])) == (theirs.nfe, theirs.edits) == (nfe, edits)
 
 
 def test_a_large_post_edit_budget_ends_every_block_within_the_bound():
@@ -198,12 +228,7 @@ def test_a_large_post_edit_budget_ends_every_block_within_the_bound():
                           block_length=T)
     assert cfg.pass_bound() == (G // T) * (T + budget + 1)
     out = ll.generate(model, ids, mask, cfg)
-
-    def logits_fn(canvas):
-        return np.asarray(model.denoiser.logits_fn(jnp.asarray(canvas)))
-
-    theirs = JT.joint_threshold_generate(logits_fn, prompt, mask_id=MASK, gen_length=G, block_length=T,
-                                         layout="bidirectional", max_post_edit_steps=budget, never_predict=[MASK])
+    theirs = _stub_reference(model, prompt, gen_length=G, block_length=T, max_post_edit_steps=budget)
     assert theirs.passes_per_block == [1 + budget + 1] * (G // T)  # the budget ended each block
     assert out.tokens[0, out.prompt_length:].tolist() == theirs.tokens[len(prompt):].tolist()
     assert (int(out.nfe[0]), int(out.edits[0])) == (theirs.nfe, theirs.edits) == (2 * (budget + 2), 2 * budget)
