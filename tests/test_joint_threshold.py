@@ -25,7 +25,7 @@ from localleap_jax.tokenizer import left_pad
 from oracles import joint_threshold as JT
 
 from helpers import TOKENIZER_CORPUS, random_sdar_tensors, tiny_sdar_config, write_hf_checkpoint
-from stubs import MASK, V, StubModel, config
+from stubs import MASK, V, StubModel, config, seeded
 
 ROWS = 320  # SDAR embedding rows; the tokenizer knows 300 ids
 MODES = {"S": JT.S_MODE, "Q": JT.Q_MODE}
@@ -39,8 +39,8 @@ class Checkpoint:
 
     def __init__(self, model, logits_fn, layout):
         self.model, self.logits_fn, self.layout = model, logits_fn, layout
-        special = model.special
-        self.never = [special.mask, *range(special.vocab_limit, model.config.embedding_size)]
+        special, rows = model.special, model.config.embedding_size
+        self.never = [special.mask, *range(special.vocab_limit or rows, rows)]
 
     def reference(self, prompt, *, gen_length, block_length, **settings) -> JT.EditResult:
         return JT.joint_threshold_generate(self.logits_fn, np.asarray(prompt), mask_id=self.model.special.mask,
@@ -97,6 +97,14 @@ def llada(sharp_checkpoint):
     return Checkpoint(ll.load(path, dtype="float32"), logits_fn, "bidirectional")
 
 
+@pytest.fixture(scope="module")
+def seeded_stub():
+    """The stub whose predictions follow the row's own canvas (tests/stubs.py): held tokens are often predicted
+    as themselves."""
+    model = seeded(16)
+    return Checkpoint(model, lambda ids: np.asarray(model.denoiser.logits_fn(jnp.asarray(ids))), "bidirectional")
+
+
 def _prompts(lengths, seed=0):
     rng = np.random.default_rng(seed)
     return [rng.integers(3, 290, n) for n in lengths]
@@ -145,6 +153,24 @@ def test_the_prompts_tail_in_a_block_diffusion_rows_first_block_is_never_edited(
     assert out.tokens[0, :Lp][-1] == prompt[-1]  # the tail (position 12, alone in block 3) held its token
     logits = sdar4.logits_fn(out.tokens[:, Lp - P:])[0]
     assert int(np.argmax(logits[P - 1])) != prompt[-1]  # and the model disagrees with it at the end
+
+
+@struct.dataclass
+class _EditsEverything(RuleBase):
+    """A user's rule that asks to edit every position holding a token, the prompt's tail included."""
+
+    name = "edits_everything"
+    edit_names = ("any",)
+
+    def update(self, s, state):
+        return Decision(s.candidates & (s.conf >= 0.8), edit=s.valid & (s.tokens != s.mask_id)), state
+
+
+def test_the_loop_never_edits_the_prompt_whatever_a_rule_asks(sdar4):
+    prompt = _prompts([13], seed=SEEDS["sdar4"])[0]
+    out = sdar4.ours([prompt], _EditsEverything(), gen_length=12, block_length=4)
+    assert out.tokens[0, out.prompt_length - len(prompt):out.prompt_length].tolist() == prompt.tolist()
+    assert out.edits[0] > 0  # it did edit, elsewhere
 
 
 # ---------------------------------------------------------------- a batch, per-row settings
@@ -310,10 +336,11 @@ def test_a_bad_setting_is_one_line(setting, value):
 
 
 class _Editor(RuleBase):
-    """Commits as threshold 0.8 does; edits every held token the model now predicts otherwise at >= 0.9."""
+    """Commits as threshold 0.8 does; asks to edit every held token predicted at >= 0.5 (the loop replaces those
+    whose prediction differs)."""
 
     def update(self, s, state):
-        return Decision(s.candidates & (s.conf >= 0.8), edit=s.decoded & (s.conf >= 0.9)), state
+        return Decision(s.candidates & (s.conf >= 0.8), edit=s.decoded & (s.conf >= 0.5)), state
 
 
 @struct.dataclass
@@ -369,13 +396,14 @@ def test_a_users_editing_rule_with_a_mistake_ends_in_one_line(llada, rule, messa
         llada.ours(_prompts([8]), rule, gen_length=16, block_length=8)
 
 
-def _editor_reference(ckpt: Checkpoint, prompt, gen_length: int, block_length: int) -> tuple[list[int], int, int]:
+def _editor_reference(ckpt: Checkpoint, prompt, gen_length: int, block_length: int) -> tuple[list[int], int, int, int]:
     """_Editor's decoding written out eagerly on the numpy logits: per block, each pass commits the masks at
     confidence >= 0.8 (none: the most confident), and replaces every generated token of the block whose prediction
-    differs at >= 0.9; the block ends on the pass that fills its last mask. (tokens, NFE, edits)"""
+    differs at >= 0.5; the block ends on the pass that fills its last mask. (tokens, NFE, edits, held tokens
+    predicted as themselves at >= 0.5: asked for by the rule, no edit)"""
     P, mask_id = len(prompt), ckpt.model.special.mask
     x = np.concatenate([np.asarray(prompt), np.full(gen_length, mask_id)])
-    nfe = edits = 0
+    nfe = edits = same = 0
     for lo in range(P, P + gen_length, block_length):
         while (x[lo:lo + block_length] == mask_id).any():
             z = np.asarray(ckpt.logits_fn(x[None]), np.float64)[0, lo:lo + block_length]
@@ -385,21 +413,30 @@ def _editor_reference(ckpt: Checkpoint, prompt, gen_length: int, block_length: i
             commit = masked & (conf >= 0.8)
             if not commit.any():
                 commit[np.argmax(np.where(masked, conf, -np.inf))] = True
-            edit = ~masked & (pred != block) & (conf >= 0.9)
+            edit = ~masked & (pred != block) & (conf >= 0.5)
+            same += int((~masked & (pred == block) & (conf >= 0.5)).sum())
             x[lo:lo + block_length] = np.where(commit | edit, pred, block)
             nfe, edits = nfe + 1, edits + int(edit.sum())
-    return x[P:].tolist(), nfe, edits
+    return x[P:].tolist(), nfe, edits, same
 
 
-def test_a_users_rule_edits_with_the_loops_care(llada):
+@pytest.mark.parametrize("which", ["llada", "seeded_stub"])
+def test_a_users_rule_edits_with_the_loops_care(which, request):
     """A user's rule that edits (README shows one): the loop replaces only generated tokens whose prediction
-    differs (the rule asks for every held token at >= 0.9), and, since the rule does not end its blocks, a block
+    differs (the rule asks for every held token at >= 0.5), and, since the rule does not end its blocks, a block
     ends on the pass that fills its last mask. Equal to the same decoding written out eagerly."""
-    prompts = _prompts([8, 3], seed=2)
-    out = llada.ours(prompts, _Declared(), gen_length=16, block_length=8, trace=True)
+    ckpt = request.getfixturevalue(which)
+    prompts = _prompts([8, 3], seed=2) if which == "llada" else [[2, 5, 3], [4, 4, 1, 6]]
+    out = ckpt.ours(prompts, _Declared(), gen_length=16, block_length=8, trace=True)
+    same = 0
     for b, prompt in enumerate(prompts):
-        tokens, nfe, edits = _editor_reference(llada, prompt, 16, 8)
+        if which == "seeded_stub":  # the stub reads its prompt at canvas positions: give it the padded one
+            prompt = out.tokens[b, :out.prompt_length]
+        tokens, nfe, edits, agreed = _editor_reference(ckpt, prompt, 16, 8)
         assert out.tokens[b, out.prompt_length:].tolist() == tokens
         assert (int(out.nfe[b]), int(out.edits[b])) == (nfe, edits)
+        same += agreed
     assert out.trace.edit_names == ("confident",) and out.edits.sum() > 0
+    if which == "seeded_stub":  # the rule asked to edit tokens predicted as themselves: the loop left them
+        assert same > 0
     assert out.edits.tolist() == out.trace.edited.sum(axis=(1, 2)).tolist()
