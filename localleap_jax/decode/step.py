@@ -67,7 +67,7 @@ class StepResult(NamedTuple):
     code: Int[Array, "B T"]  # int8 commit codes: 0 none, k committed by clause k (the rule's, then the loop's forced one)
     tokens: Int[Array, "B T"]  # the region after this step's commits and remasks
     rule_state: Any
-    working: Bool[Array, "B"]  # rows that had a candidate this step
+    working: Bool[Array, "B"]  # rows that had a candidate this step (ends_blocks: rows in a block not yet finished)
     remask: Int[Array, "B T"] | None = None  # int8 remask codes (k: remask_names[k - 1]); None: the rule never does
     edit: Int[Array, "B T"] | None = None  # int8 edit codes (k: edit_names[k - 1]), each a token replaced; None: never
     finished: Bool[Array, "B"] | None = None  # rows whose block the rule finished this pass (ends_blocks); None: never
