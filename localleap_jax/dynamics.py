@@ -114,7 +114,10 @@ def concat_traces(traces: Sequence[Trace]) -> Trace:
                  token=np.concatenate([t.token for t in traces]),
                  commit_pass=np.concatenate([t.commit_pass for t in traces]),
                  passes=np.concatenate([t.passes for t in traces]),
-                 remask_names=traces[0].remask_names)
+                 remask_names=traces[0].remask_names,
+                 edit=None if all(t.edit is None for t in traces) else np.concatenate(
+                     [pad(np.zeros(t.clause.shape, np.int8) if t.edit is None else t.edit, 0) for t in traces]),
+                 edit_names=traces[0].edit_names)
 
 
 # ---------------------------------------------------------------- Figure 1b: earliest stable consistency
@@ -306,6 +309,22 @@ def observed_share(trace: Trace) -> float:
     return float(scored(trace).sum() / wanted.sum()) if wanted.any() else float("nan")
 
 
+def edits(trace: Trace) -> dict:
+    """How often and where a rule replaced held tokens by different ones (edits, beside `revocations`' remasks):
+    edits per row, per clause, the share of positions ever edited, and where in the generated region (JSON-able;
+    zeros for a rule that never edits)."""
+    edited = trace.edited  # [B, S, G]
+    rows = edited.sum(axis=(1, 2))
+    by_clause = ({name: int((trace.edit == k + 1).sum()) for k, name in enumerate(trace.edit_names)}
+                 if trace.edit is not None else {})
+    G = trace.token.shape[1]
+    where = np.nonzero(edited)
+    tenths = np.bincount((where[2] * 10) // max(G, 1), minlength=10)[:10] if where[0].size else np.zeros(10, int)
+    return {"edits": int(rows.sum()), "edits_per_row": float(rows.mean()) if rows.size else float("nan"),
+            "positions_ever_edited": float(edited.any(axis=1).mean()) if edited.size else float("nan"),
+            "by_clause": by_clause, "by_tenth_of_the_region": tenths.astype(int).tolist()}
+
+
 def summary(trace: Trace, cache: str | None = None) -> dict:
     """The two numbers the paper reports, with the counts behind them (JSON-able; NaN for 'no data'). `cache`: the
     cache mode the trace was decoded with, which decides what the stable share means (STABLE_MEANING)."""
@@ -324,4 +343,5 @@ def summary(trace: Trace, cache: str | None = None) -> dict:
         "predictions_conf_gt_0.8": int((counted & (trace.conf > in_conf_dtype(trace.conf, 0.8))).sum()),
         "mean_passes": float(np.mean(trace.passes)) if trace.passes.size else float("nan"),
         "revocations": revocations(trace),
+        "edits": edits(trace),
     }

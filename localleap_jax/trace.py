@@ -39,11 +39,20 @@ class Trace(NamedTuple):
     commit_pass: Int[np.ndarray, "B G"]  # the pass at which each position committed; -1: never (early-stop fill)
     passes: Int[np.ndarray, "B"]  # valid passes per row (its NFE)
     remask_names: tuple[str, ...] = ()  # a rule that takes commits back: clause == -k is remask_names[k - 1]
+    # A rule that edits: edits are a clause of their own, edit[b, s, g] == k > 0 where pass s replaced the token at
+    # g by a different one, by edit_names[k - 1] (a commit of a mask is never an edit); None for a rule that does not
+    edit: Int[np.ndarray, "B S G"] | None = None
+    edit_names: tuple[str, ...] = ()
 
     @property
     def remasked(self) -> Bool[np.ndarray, "B S G"]:
         """True where a decoded position was taken back (masked again) at pass s."""
         return self.clause < 0
+
+    @property
+    def edited(self) -> Bool[np.ndarray, "B S G"]:
+        """True where pass s replaced the position's token by a different one (all False for a rule that never edits)."""
+        return np.zeros(self.clause.shape, bool) if self.edit is None else self.edit > 0
 
     @property
     def masked(self) -> Bool[np.ndarray, "B S G"]:
@@ -59,7 +68,8 @@ class Trace(NamedTuple):
         n = int(self.passes[b])
         return Trace(self.pred[b:b + 1, :n], self.conf[b:b + 1, :n], self.committed[b:b + 1, :n],
                      self.clause[b:b + 1, :n], self.clause_names, self.token[b:b + 1], self.commit_pass[b:b + 1],
-                     self.passes[b:b + 1], self.remask_names)
+                     self.passes[b:b + 1], self.remask_names, None if self.edit is None else self.edit[b:b + 1, :n],
+                     self.edit_names)
 
 
 _ARRAYS = ("pred", "conf", "committed", "clause", "token", "commit_pass", "passes")
@@ -71,10 +81,13 @@ def save_trace(path: str | Path, trace: Trace, texts: Sequence[str] | None = Non
     path = Path(path)
     S = max(int(np.max(trace.passes, initial=0)), 1)
     arrays = {name: np.asarray(getattr(trace, name)) for name in _ARRAYS}
-    for name in ("pred", "conf", "committed", "clause"):
-        arrays[name] = arrays[name][:, :S]
+    if trace.edit is not None:
+        arrays["edit"] = np.asarray(trace.edit)
+    for name in ("pred", "conf", "committed", "clause", "edit"):
+        if name in arrays:
+            arrays[name] = arrays[name][:, :S]
     extra = {"clause_names": list(trace.clause_names), "remask_names": list(trace.remask_names), "texts": list(texts) if texts is not None else None,
-             "meta": meta or {}}
+             "meta": meta or {}, "edit_names": list(trace.edit_names)}
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:  # a file object: numpy would otherwise append .npz to other suffixes
         np.savez_compressed(f, **arrays, extra=np.frombuffer(json.dumps(extra).encode(), np.uint8))
@@ -87,5 +100,6 @@ def load_trace(path: str | Path) -> tuple[Trace, list[str] | None, dict[str, Any
         extra = json.loads(bytes(z["extra"]).decode())
         trace = Trace(pred=z["pred"], conf=z["conf"], committed=z["committed"], clause=z["clause"],
                       clause_names=tuple(extra["clause_names"]), token=z["token"], commit_pass=z["commit_pass"],
-                      passes=z["passes"], remask_names=tuple(extra.get("remask_names", ())))
+                      passes=z["passes"], remask_names=tuple(extra.get("remask_names", ())),
+                      edit=z["edit"] if "edit" in z.files else None, edit_names=tuple(extra.get("edit_names", ())))
     return trace, extra["texts"], extra["meta"]

@@ -288,8 +288,8 @@ class _Keeps(RuleBase):
     (_ProbesOverRegion(), r"probes_over_region: probes score the current block"),
     (_NamesAsString(), r"names_as_string: remask_names='undo' must be a tuple of names"),
     (_ProbesAsText(), r"probes_as_text: probes='yes' must be True or False"),
-    (_Duck(), r"^rule 'duck' lacks region, probes, remask_names, resets_state, validate, with_rows, pass_bound, "
-              r"min_passes, spec of the Rule protocol: subclass ll.rules.RuleBase"),
+    (_Duck(), r"^rule 'duck' lacks region, probes, remask_names, resets_state, edit_names, ends_blocks, validate, "
+              r"with_rows, pass_bound, min_passes, spec of the Rule protocol: subclass ll.rules.RuleBase"),
     (ll.any_of(ll.rule("threshold"), _Keeps()), r"^keeps keeps its state across blocks: it cannot be combined with "
                                                 r"any_of/all_of"),
     (_BareCommit(), rf"rule 'bare_commit'{AT}declares remask_names but returned .*Decision\(commit, remask\)"),

@@ -329,6 +329,8 @@ def test_the_table_reaches_every_clause_of_every_rule():
     for name in R.RULES:
         if ll.rule(name).remask_names:  # rules that take commits back: test_revoking.py, against their authors' loops
             continue
+        if ll.rule(name).edit_names:  # rules that edit: test_joint_threshold.py, against SGLang's loop
+            continue
         for clause in ll.rule(name).clause_names:
             assert (name, clause) in reached, (name, clause)
 

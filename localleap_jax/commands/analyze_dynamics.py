@@ -280,6 +280,11 @@ def print_headline(result: dict) -> None:
         print(f"{'tokens taken back (remasks per answer)':<44}{revoked['remasks_per_row']:>10.2f}{'-':>9}   "
               f"({revoked['remasks']} in all; by clause {revoked['by_clause']}; by tenth of the generated region "
               f"{revoked['by_tenth_of_the_region']})")
+    edited = result.get("edits") or {}
+    if edited.get("edits"):
+        print(f"{'tokens replaced (edits per answer)':<44}{edited['edits_per_row']:>10.2f}{'-':>9}   "
+              f"({edited['edits']} in all; by clause {edited['by_clause']}; by tenth of the generated region "
+              f"{edited['by_tenth_of_the_region']})")
 
 
 def main(argv=None) -> int:

@@ -17,6 +17,7 @@ import numpy as np
 from localleap_jax import rules
 from localleap_jax.decode.cache import (BIDIRECTIONAL_CACHES, BLOCK_CAUSAL_CACHES, CACHE_MODES, CACHE_POLICIES,
                                        ProbedNoCache, SubBlockCache)
+from localleap_jax.decode.canvas import grid_tail
 from localleap_jax.decode.loop import LoopSettings
 from localleap_jax.decode.recorder import NoRecorder, TraceRecorder
 from localleap_jax.decode.step import Scoring
@@ -44,8 +45,8 @@ class DecodeConfig:
     prompt_bucket: int = 64  # prompts are left-padded to a multiple of this, to bound recompiles
     # The loop's bound on forward passes. None: the rule's own (`rule.pass_bound`): gen_length for a rule that only
     # commits (it commits a token per pass) and for WINO (a pass nets a token), 4 x gen_length for Saber, ReMDM's
-    # schedule's exact count; a user's revoking rule gets gen_length unless it says more. Rows that reach it stop
-    # with masks left: `out.hit_bound`.
+    # schedule's exact count, blocks x (block_length + max_post_edit_steps + 1) for joint_threshold; a user's revoking
+    # (or block-ending) rule gets gen_length unless it says more. Rows that reach it with masks left: `out.hit_bound`.
     max_passes: int | None = None
     # The rule commits in sub-blocks of this many positions of each block, in order (Fast-dLLM v2's small blocks).
     # None: the model family's own (Fast-dLLM v2: 8; others have none); refused for a family without sub-blocks.
@@ -82,7 +83,8 @@ class DecodeConfig:
 
     @property
     def traits(self) -> RuleTraits:
-        """The rule's static traits (region, probes, remask_names, resets_state), read once at construction."""
+        """The rule's static traits (region, probes, remask_names, resets_state, edit_names, ends_blocks), read once
+        at construction."""
         return self._traits
 
     def cache_mode(self, model=None) -> str:
@@ -162,8 +164,9 @@ class DecodeConfig:
         S = self.sub_blocks(model)
         if S and self.block_length % S:
             raise DecodeError(f"sub_block_length={S} does not divide block_length={self.block_length}")
-        if S and (self.traits.region != "block" or self.traits.probes):
-            raise DecodeError(f"{self.rule.name} sees more than the block: it cannot run in sub-blocks")
+        if S and (self.traits.region != "block" or self.traits.probes or self.traits.ends_blocks):
+            raise DecodeError(f"{self.rule.name} sees more than the block or ends its own blocks: it cannot run in "
+                              "sub-blocks")
         if mode == "subblock" and (not S or S >= self.block_length):
             raise DecodeError("cache='subblock' reuses a block's K/V between its sub-blocks: it needs sub-blocks "
                               "(a Fast-dLLM v2 model, sub_block_length < block_length); use 'block'")
@@ -172,6 +175,10 @@ class DecodeConfig:
         """What the rule's region, probes and pass bound need of the rest of the config (refused in one line)."""
         name, region, probes = self.rule.name, self.traits.region, self.traits.probes
         mode = self.cache_mode(model)
+        if self.traits.ends_blocks and CACHE_POLICIES[mode].rows_together:
+            raise DecodeError(f"{name} ends each row's block itself (passes after its last mask), so rows advance on "
+                              f"their own: use cache 'none' (a bidirectional model) or 'block' / 'none' (a "
+                              f"block-diffusion model), not '{mode}' (its rows advance through blocks together)")
         if region != "block" or probes:
             if grid:
                 raise DecodeError(f"{name} works on a bidirectional model's canvas; this model is block-causal")
@@ -190,12 +197,19 @@ class DecodeConfig:
                 raise DecodeError(f"max_passes={self.max_passes} < the {need} passes {name} needs on this canvas "
                                   f"(gen_length {self.gen_length}, block_length {self.block_length}): it cannot finish")
 
-    def pass_bound(self) -> int:
-        """The loop's bound on passes: max_passes, or the rule's own when it takes commits back (0: the loop's
-        default, one pass per generated position)."""
+    def pass_bound(self, model=None) -> int:
+        """The loop's bound on passes: max_passes, or the rule's own when it takes commits back or ends its own
+        blocks (0: the loop's default, one pass per generated position). On a block-diffusion model's grid (`model`,
+        a ModelConfig) a row may decode up to the grid's tail past gen_length: the rule's bound covers those
+        positions too (a row's blocks are then at most ceil((gen_length + tail) / block_length))."""
         if self.max_passes is not None:
             return int(self.max_passes)
-        return self.rule.pass_bound(self.gen_length, self.block_length) if self.traits.revokes else 0
+        if not self.traits.own_bound:
+            return 0
+        span = self.gen_length
+        if model is not None and model.block_causal:
+            span += grid_tail(self.gen_length, self.block_length)
+        return self.rule.pass_bound(span, self.block_length)
 
     def loop_settings(self, trace: bool = False, model=None) -> LoopSettings:
         """The compile-time part, assembled: the canvas, how logits are scored, the rule's traits and the loop's
@@ -214,7 +228,7 @@ class DecodeConfig:
             stop=StopAtEos() if self.early_stop else NeverStop(),
             recorder=TraceRecorder() if trace else NoRecorder(),
             block_grid=grid,
-            max_passes=self.pass_bound(),
+            max_passes=self.pass_bound(model),
             traits=self.traits,
             sub_block_length=S,
             free_tokens=grid and bool(model.logits_shift))

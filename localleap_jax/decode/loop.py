@@ -62,6 +62,7 @@ class LoopState(NamedTuple):
     rule_state: Any  # the rule's own state, leading axis B
     record: Any  # the recorder's state (() when not recording)
     remasks: Any = ()  # [B] tokens taken back per row, for a rule that revokes (else (): nothing in the program)
+    edits: Any = ()  # [B] tokens replaced per row, for a rule that edits (else (): nothing in the program)
 
 
 class LoopOutput(NamedTuple):
@@ -71,6 +72,7 @@ class LoopOutput(NamedTuple):
     full_passes: Int[Array, ""]
     record: Any
     remasks: Any = ()
+    edits: Any = ()
 
 
 class Pass(NamedTuple):
@@ -106,7 +108,8 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     step = denoise_step(denoiser.head, h_region, region.tokens, state.done, state.step_in_block, rule,
                         state.rule_state, scoring=loop.scoring, special=special, key=key, gen_length=G,
                         block_length=R, num_blocks=canvas.row_blocks * (T // R), valid=region.valid,
-                        held_out=hidden.held_out, traits=loop.traits)
+                        held_out=hidden.held_out, traits=loop.traits, idx=region.idx,
+                        prompt_length=canvas.prompt_length)
     if free is not None:
         step = commit_free_tokens(step, free, region.tokens, state.rule_state, forced=len(rule.clause_names) + 1)
     x = state.x.at[jnp.arange(B)[:, None], region.idx].set(step.tokens)
@@ -120,6 +123,8 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     else:  # the block ends when nothing up to its end is masked
         block_full = ~jnp.any((step.tokens == special.mask) & region.valid, axis=1)
         block_now = block._replace(tokens=rows_take(x, block.idx))
+    if step.finished is not None:  # a rule that ends its own blocks: on the pass it says so, once no mask is left
+        block_full &= step.finished
     last_block = state.block == canvas.row_blocks - 1
     decoded = block.idx >= canvas.prompt_length  # the prompt's tail in a grid row's first block is not decoded
     if loop.free_tokens:  # nor is a free token (a block's first position, after the prompt)
@@ -152,6 +157,7 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
         rule_state=rule_state,
         record=record,
         remasks=() if step.remask is None else state.remasks + jnp.sum(step.remask > 0, axis=1, dtype=jnp.int32),
+        edits=() if step.edit is None else state.edits + jnp.sum(step.edit > 0, axis=1, dtype=jnp.int32),
     ), moved
 
 
@@ -180,8 +186,11 @@ def commit_free_tokens(step: StepResult, free: Bool[Array, "B"], tokens: Int[Arr
     first = free[:, None] & (jnp.arange(tokens.shape[1]) == 0)
     code = jnp.where(free[:, None], jnp.where(first, jnp.int8(forced), jnp.int8(0)), step.code)
     remask = None if step.remask is None else jnp.where(free[:, None], jnp.int8(0), step.remask)
+    edit = None if step.edit is None else jnp.where(free[:, None], jnp.int8(0), step.edit)
+    finished = None if step.finished is None else step.finished & ~free
     return step._replace(code=code, tokens=jnp.where(free[:, None], jnp.where(first, step.pred, tokens), step.tokens),
-                         rule_state=rows_where(free, rule_state, step.rule_state), remask=remask)
+                         rule_state=rows_where(free, rule_state, step.rule_state), remask=remask, edit=edit,
+                         finished=finished)
 
 
 def initial_state(denoiser: Denoiser, canvas: Canvas, rule, *, loop: LoopSettings) -> tuple[LoopState, Pass]:
@@ -193,8 +202,9 @@ def initial_state(denoiser: Denoiser, canvas: Canvas, rule, *, loop: LoopSetting
     state = LoopState(canvas.x0, zeros, zeros, jnp.zeros((B,), bool), zeros, jnp.int32(0), jnp.int32(0),
                       loop.cache.init(denoiser, canvas), rule_state0,
                       loop.recorder.init(B, loop.gen_length, row_bound(loop, canvas) if loop.free_tokens
-                                         else loop.max_passes or loop.gen_length),  # store passes: more than G
-                      zeros if loop.traits.revokes else ())
+                                         else loop.max_passes or loop.gen_length,  # store passes: more than G
+                                         loop.traits.edits),
+                      zeros if loop.traits.revokes else (), zeros if loop.traits.edits else ())
     return state, Pass(canvas, rule, rule_state0)
 
 
@@ -219,4 +229,4 @@ def decode_loop(denoiser: Denoiser, ids: Int[Array, "B P"], mask: Bool[Array, "B
         return ~jnp.all(state.done) & (state.passes < bound)
 
     state = jax.lax.while_loop(cond, body, state)
-    return LoopOutput(state.x, state.nfe, state.passes, state.full_passes, state.record, state.remasks)
+    return LoopOutput(state.x, state.nfe, state.passes, state.full_passes, state.record, state.remasks, state.edits)

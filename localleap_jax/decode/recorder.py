@@ -1,8 +1,8 @@
 """Recorders: what the loop writes down about each pass besides the canvas.
 
-    state = recorder.init(batch, gen_length, passes)
+    state = recorder.init(batch, gen_length, passes, edits)
     state = recorder.update(state, head, hidden_region, region, step, nfe, scoring, special)   # every pass
-    trace = recorder.to_host(state, x, nfe, prompt_length, clause_names)           # after the loop
+    trace = recorder.to_host(state, x, nfe, prompt_length, clause_names, remask_names, edit_names)   # after the loop
 
 `NoRecorder` carries nothing (the program holds no trace buffers); `TraceRecorder` fills the static buffers
 of `localleap_jax.trace.Trace`. `wants_region` asks the cache policy for the hidden states of the whole
@@ -27,26 +27,27 @@ from localleap_jax.trace import FORCED, Trace
 class Recorder(Protocol):
     wants_region: bool
 
-    def init(self, batch: int, gen_length: int, passes: int) -> Any: ...
+    def init(self, batch: int, gen_length: int, passes: int, edits: bool = False) -> Any: ...
 
     def update(self, state: Any, head, hidden_region: Float[Array, "B G D"] | None, region: Region, step: StepResult,
                nfe: Int[Array, "B"], prompt_length: int, scoring: Scoring, special: SpecialIds) -> Any: ...
 
     def to_host(self, state: Any, x: np.ndarray, nfe: np.ndarray, prompt_length: int,
-                clause_names: tuple[str, ...], remask_names: tuple[str, ...] = ()) -> Trace | None: ...
+                clause_names: tuple[str, ...], remask_names: tuple[str, ...] = (),
+                edit_names: tuple[str, ...] = ()) -> Trace | None: ...
 
 
 @dataclasses.dataclass(frozen=True)
 class NoRecorder:
     wants_region: ClassVar[bool] = False
 
-    def init(self, batch, gen_length, passes):
+    def init(self, batch, gen_length, passes, edits=False):
         return ()
 
     def update(self, state, head, hidden_region, region, step, nfe, prompt_length, scoring, special):
         return state
 
-    def to_host(self, state, x, nfe, prompt_length, clause_names, remask_names=()):
+    def to_host(self, state, x, nfe, prompt_length, clause_names, remask_names=(), edit_names=()):
         return None
 
 
@@ -57,6 +58,7 @@ class TraceBuffers(NamedTuple):
     conf: Float[Array, "B S G"]
     clause: Int[Array, "B S G"]
     commit_pass: Int[Array, "B G"]
+    edit: Any = ()  # [B, S, G] int8 edit codes (a rule that edits; else (): not in the program)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +67,11 @@ class TraceRecorder:
 
     wants_region: ClassVar[bool] = True
 
-    def init(self, batch, gen_length, passes):
+    def init(self, batch, gen_length, passes, edits=False):
         B, G, S = batch, gen_length, passes
         return TraceBuffers(jnp.full((B, S, G), -1, jnp.int32), jnp.full((B, S, G), jnp.nan, jnp.float32),
-                            jnp.zeros((B, S, G), jnp.int8), jnp.full((B, G), -1, jnp.int32))
+                            jnp.zeros((B, S, G), jnp.int8), jnp.full((B, G), -1, jnp.int32),
+                            jnp.zeros((B, S, G), jnp.int8) if edits else ())
 
     def update(self, state, head, hidden_region, region, step, nfe, prompt_length, scoring, special):
         B, G = state.commit_pass.shape
@@ -97,14 +100,19 @@ class TraceRecorder:
             return buf.at[rows[:, 0], s].set(jnp.where(step.working[:, None], new, buf[rows[:, 0], s]))
 
         commit_pass = jnp.where(region_code > 0, nfe[:, None], state.commit_pass)
+        edit = state.edit
+        if step.edit is not None:  # edits, a clause of their own: codes k > 0 (edit_names[k - 1]) in their buffer
+            edit = keep(edit, jnp.zeros((B, G), jnp.int8).at[rows, at].set(step.edit, mode="drop"))
         return TraceBuffers(keep(state.pred, region_pred), keep(state.conf, region_conf),
-                            keep(state.clause, region_code), commit_pass)
+                            keep(state.clause, region_code), commit_pass, edit)
 
-    def to_host(self, state, x, nfe, prompt_length, clause_names, remask_names=()):
+    def to_host(self, state, x, nfe, prompt_length, clause_names, remask_names=(), edit_names=()):
         clause = np.asarray(state.clause)
         G = clause.shape[2]
         return Trace(pred=np.asarray(state.pred), conf=np.asarray(state.conf), committed=clause > 0, clause=clause,
                      clause_names=tuple(clause_names) + (FORCED,),  # the last: a commit only the loop's contract made
                      token=np.asarray(x)[:, prompt_length:prompt_length + G],
                      commit_pass=np.asarray(state.commit_pass), passes=np.asarray(nfe),
-                     remask_names=tuple(remask_names))
+                     remask_names=tuple(remask_names),
+                     edit=None if isinstance(state.edit, tuple) else np.asarray(state.edit),
+                     edit_names=tuple(edit_names))

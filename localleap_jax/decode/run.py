@@ -43,6 +43,7 @@ class Generation:
     trace: Trace | None = None  # with generate(..., trace=True)
     hit_bound: np.ndarray | None = None  # [B] bool: rows stopped by max_passes with masks left (a rule that revokes)
     remasks: np.ndarray | None = None  # [B] tokens each row took back (a rule that revokes; None for one that does not)
+    edits: np.ndarray | None = None  # [B] tokens each row replaced by a different one (a rule that edits; else None)
     slots: int | None = None  # rows the loop held at once (all the batch's, unless generate(..., slots=S))
 
     @property
@@ -131,7 +132,8 @@ class OneDevice:
 
     def fetch(self, out, batch):
         return LoopOutput(np.asarray(out.x), np.asarray(out.nfe), int(out.passes), int(out.full_passes),
-                          jax.tree.map(np.asarray, out.record), jax.tree.map(np.asarray, out.remasks))
+                          jax.tree.map(np.asarray, out.record), jax.tree.map(np.asarray, out.remasks),
+                          jax.tree.map(np.asarray, out.edits))
 
 
 def pad_rows(a, rows: int) -> np.ndarray:
@@ -196,8 +198,9 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
     return Generation(tokens=out.x[:, pad:], nfe=out.nfe, forward_passes=out.passes, full_passes=out.full_passes,
                       prompt_length=P - pad, seconds=seconds, compile_seconds=compile_s,
                       trace=loop.recorder.to_host(out.record, out.x, out.nfe, P, rule.clause_names,
-                                                  loop.traits.remask_names),
+                                                  loop.traits.remask_names, loop.traits.edit_names),
                       hit_bound=hit_bound, remasks=None if isinstance(out.remasks, tuple) else out.remasks,
+                      edits=None if isinstance(out.edits, tuple) else out.edits,
                       slots=rows if per_shard is None else per_shard * shards)
 
 

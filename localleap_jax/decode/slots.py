@@ -5,7 +5,7 @@
 A fixed batch lasts as long as its slowest row: with early stop, or a rule that commits at different rates per
 row, most rows sit finished while the last one works. Here the loop holds S rows (the slots) and a queue of all N
 prompts on the device. Each iteration is the fixed batch's pass (`loop.one_pass`); after it, a slot whose row
-finished hands the row to the per-prompt results (canvas, NFE, trace, remasks) and takes the next queued prompt:
+finished hands the row to the per-prompt results (canvas, NFE, trace, remasks, edits) and takes the next queued prompt:
 
 - at once where rows advance on their own (no cache, the block cache): the new prompt's first pass is the next;
 - when the batch moves to its next block, where rows advance together (Fast-dLLM's prefix and dual caches): that
@@ -40,6 +40,7 @@ class Results(NamedTuple):
     nfe: Int[Array, "N"]
     record: Any  # the recorder's per-row state, one per prompt
     remasks: Any  # [N] (a rule that revokes) or ()
+    edits: Any = ()  # [N] (a rule that edits) or ()
 
 
 class SlotState(NamedTuple):
@@ -73,17 +74,18 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
     canvas0 = dataclasses.replace(queue, **{f: getattr(queue, f)[:S] for f in _LAYOUT})
     rule0 = take_rows(rule, first)
     state0, at0 = initial_state(denoiser, canvas0, rule0, loop=loop)
-    fresh = (state0.rule_state, state0.record, state0.remasks)  # a row's state before its first pass
+    fresh = (state0.rule_state, state0.record, state0.remasks, state0.edits)  # a row's state before its first pass
     bound = row_bound(loop, queue)  # passes one row may work
     results = Results(queue.x0, jnp.zeros((N,), jnp.int32),
                       jax.tree.map(lambda a: jnp.broadcast_to(a[:1], (N,) + a.shape[1:]), state0.record),
-                      () if isinstance(state0.remasks, tuple) else jnp.zeros((N,), jnp.int32))
+                      () if isinstance(state0.remasks, tuple) else jnp.zeros((N,), jnp.int32),
+                      () if isinstance(state0.edits, tuple) else jnp.zeros((N,), jnp.int32))
 
     def hand_over(st: SlotState, every: bool = False) -> SlotState:
         """Finished rows' results (`every`: all rows') go to their prompts; their slots then hold none."""
         finished = (st.loop.done | every) & (st.prompt >= 0)
         dest = jnp.where(finished, st.prompt, N)
-        rows = Results(st.loop.x, st.loop.nfe, st.loop.record, st.loop.remasks)
+        rows = Results(st.loop.x, st.loop.nfe, st.loop.record, st.loop.remasks, st.loop.edits)
         return st._replace(results=write_rows(st.results, rows, dest), prompt=jnp.where(finished, -1, st.prompt))
 
     def body(st: SlotState) -> SlotState:
@@ -103,14 +105,15 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
         layout = tuple(jnp.where(takes.reshape((S,) + (1,) * (a.ndim - 1)), getattr(queue, f)[j], a)
                        for f, a in zip(_LAYOUT, st.layout))
         canvas = dataclasses.replace(queue, **dict(zip(_LAYOUT, layout)))
-        rule_state, record, remasks = rows_where(takes, fresh, (state.rule_state, state.record, state.remasks))
+        rule_state, record, remasks, edits = rows_where(takes, fresh, (state.rule_state, state.record, state.remasks,
+                                                                       state.edits))
         zero = jnp.zeros_like(state.nfe)
         state = state._replace(
             x=jnp.where(takes[:, None], canvas.x0, state.x),
             block=jnp.where(takes, zero, state.block), step_in_block=jnp.where(takes, zero, state.step_in_block),
             done=state.done & ~takes, nfe=jnp.where(takes, zero, state.nfe),
             cache=loop.cache.refill(denoiser, canvas, state.cache, takes),
-            rule_state=rule_state, record=record, remasks=remasks)
+            rule_state=rule_state, record=record, remasks=remasks, edits=edits)
         return SlotState(state, layout, rows_where(takes, take_rows(rule, j), st.rule),
                          jnp.where(takes, j, st.prompt), st.queued + jnp.sum(takes, dtype=jnp.int32), st.results)
 
@@ -123,4 +126,4 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
                    jnp.int32(S), results)
     st = hand_over(jax.lax.while_loop(cond, body, st), every=True)  # (rows cut by the bound on passes too)
     r = st.results
-    return LoopOutput(r.x, r.nfe, st.loop.passes, st.loop.full_passes, r.record, r.remasks)
+    return LoopOutput(r.x, r.nfe, st.loop.passes, st.loop.full_passes, r.record, r.remasks, r.edits)

@@ -1,9 +1,10 @@
 """One denoising step, apart from the loop's bookkeeping: hidden states of the rule's region -> LM head ->
-prediction and confidence -> the rule -> commits (and remasks).
+prediction and confidence -> the rule -> commits (and remasks, edits).
 
 `predict` turns logits into a prediction, its confidence and the scored distribution; `denoise_step` runs
 the rule on them and keeps the rule contract (only candidates commit; a working row commits at least its
-most confident candidate unless it remasks; only positions that hold a token are remasked), so no rule has to.
+most confident candidate unless it remasks; only positions that hold a generated token are remasked or edited,
+an edit only where the prediction differs), so no rule has to.
 """
 
 from __future__ import annotations
@@ -66,57 +67,82 @@ class StepResult(NamedTuple):
     code: Int[Array, "B T"]  # int8 commit codes: 0 none, k committed by clause k (the rule's, then the loop's forced one)
     tokens: Int[Array, "B T"]  # the region after this step's commits and remasks
     rule_state: Any
-    working: Bool[Array, "B"]  # rows that had a candidate this step
+    working: Bool[Array, "B"]  # rows that had a candidate this step (ends_blocks: rows in a block not yet finished)
     remask: Int[Array, "B T"] | None = None  # int8 remask codes (k: remask_names[k - 1]); None: the rule never does
+    edit: Int[Array, "B T"] | None = None  # int8 edit codes (k: edit_names[k - 1]), each a token replaced; None: never
+    finished: Bool[Array, "B"] | None = None  # rows whose block the rule finished this pass (ends_blocks); None: never
 
 
 def denoise_step(head: Callable[[Array], Array], hidden: Float[Array, "B T D"], tokens: Int[Array, "B T"],
                  done: Bool[Array, "B"], step_in_block: Int[Array, "B"], rule, rule_state, *, scoring: Scoring,
                  special: SpecialIds, key: jax.Array | None, gen_length: int, block_length: int,
                  num_blocks: Int[Array, "B"] | int | None = None, valid: Bool[Array, "B T"] | None = None,
-                 held_out: Float[Array, "B T D"] | None = None, traits: RuleTraits = RuleTraits()) -> StepResult:
+                 held_out: Float[Array, "B T D"] | None = None, traits: RuleTraits = RuleTraits(),
+                 idx: Int[Array, "B T"] | None = None, prompt_length: int = 0) -> StepResult:
     """One step on each row's region (its current block, or the generated region up to the block's end, `valid`):
     `hidden` are the hidden states that predict it, `tokens` what it holds. Rows that are `done` have no
     candidates. `num_blocks`: the blocks each row decodes (the schedule's steps per block are a rule's `steps`
     over it; default gen_length // block_length). `held_out`: hidden states of the block's probe copy (a rule
-    with probes). `traits`: the rule's static traits (whether it takes commits back)."""
+    with probes). `traits`: the rule's static traits (whether it takes commits back, edits, ends its blocks).
+    `idx`: the region's canvas indices, those below `prompt_length` being the prompt (never remasked or edited)."""
     pred, conf, scored = predict(head(hidden), scoring, special, key)
     is_mask = tokens == special.mask
     in_region = ~done[:, None] if valid is None else valid & ~done[:, None]
     candidates = is_mask & in_region
-    working = jnp.any(candidates, axis=1)
+    # A row works while it has a mask in its region; under a rule that ends its own blocks, until the rule says its
+    # block is finished (its passes after the last mask, JointThreshold's post-edit passes, are work too).
+    working = ~done if traits.ends_blocks else jnp.any(candidates, axis=1)
     held_out_logits = None if held_out is None else predict(head(held_out), scoring._replace(temperature=0.0),
                                                             special, None)[2]
     signals = Signals(logits=scored, pred=pred, conf=conf, candidates=candidates, step=step_in_block,
                       gen_length=gen_length, block_length=block_length, num_blocks=num_blocks, tokens=tokens,
-                      valid=valid, mask_id=special.mask, held_out_logits=held_out_logits)
+                      valid=valid, mask_id=special.mask, held_out_logits=held_out_logits, idx=idx,
+                      prompt_length=prompt_length)
     # The rule's code runs here, while the loop is traced: a failure in it is one line naming the rule and its line.
     decision, rule_state = run_update(rule, signals, rule_state)
     forced = len(rule.clause_names) + 1
-    if not isinstance(decision, Decision):  # a rule that only commits: nothing of the remask path is traced
-        if traits.revokes:
-            raise DecodeError(f"rule {label(rule)} declares remask_names but returned {type(decision).__name__}: a "
-                              "rule that takes commits back returns ll.rules.Decision(commit, remask)")
+    if not isinstance(decision, Decision):  # a rule that only commits: nothing of the remask/edit path is traced
+        if traits.decides:
+            declared = [t for t, on in (("remask_names", traits.revokes), ("edit_names", traits.edits),
+                                        ("ends_blocks", traits.ends_blocks)) if on]
+            form = ("Decision(commit, remask)" if declared == ["remask_names"] else "Decision(commit, " + ", ".join(
+                f"{f}=..." for f, on in (("remask", traits.revokes), ("edit", traits.edits),
+                                         ("finished", traits.ends_blocks)) if on) + ")")
+            raise DecodeError(f"rule {label(rule)} declares {' and '.join(declared)} but returned "
+                              f"{type(decision).__name__}: a rule that takes commits back, edits or ends its blocks "
+                              f"returns ll.rules.{form}")
         checked(rule, "commit", decision, candidates.shape)
         code = keep_contract(decision, candidates, conf, forced=forced)
         return StepResult(pred, conf, code, jnp.where(code > 0, pred, tokens), rule_state, working)
-    code, remask = apply_decision(decision, rule, traits, candidates, in_region, pred, tokens, conf, special.mask,
-                                  forced)
-    new = jnp.where(remask > 0, special.mask, jnp.where(code > 0, pred, tokens))
-    return StepResult(pred, conf, code, new, rule_state, working, remask)
+    code, remask, edit, finished = apply_decision(decision, rule, traits, candidates, in_region & ~signals.prompt,
+                                                  pred, tokens, conf, special.mask, forced)
+    new = jnp.where(code > 0, pred, tokens)
+    if edit is not None:
+        new = jnp.where(edit > 0, pred, new)
+    if remask is not None:
+        new = jnp.where(remask > 0, special.mask, new)
+    return StepResult(pred, conf, code, new, rule_state, working, remask, edit, finished)
 
 
-def checked(rule, what: str, value, shape: tuple[int, ...]):
-    """A rule's commit (or remask) as returned, refused in one line naming the rule when it is not an array of the
-    region's shape holding bool or integer codes (checked while tracing: static shapes and dtypes, no cost)."""
+def checked(rule, what: str, value, shape: tuple[int, ...], kinds: str = "codes"):
+    """A rule's commit (or remask, edit) as returned, refused in one line naming the rule when it is not an array of
+    the region's shape holding bool or integer codes (checked while tracing: static shapes and dtypes, no cost).
+    `kinds="bool"`: one bool per row (a Decision's `finished`)."""
     if not hasattr(value, "shape") or not hasattr(value, "dtype"):
         hint = " (a rule that takes commits back returns ll.rules.Decision(commit, remask))" if isinstance(
             value, tuple) else ""
+        expected = f"{tuple(shape)} of bool" if kinds == "bool" else f"{tuple(shape)} of bool or int8 clause codes"
         raise DecodeError(f"rule {label(rule)} returned {type(value).__name__} as its {what}; expected an array "
-                          f"{tuple(shape)} of bool or int8 clause codes{hint}")
+                          f"{expected}{hint}")
     if tuple(value.shape) != tuple(shape):
+        each = "one per row" if kinds == "bool" else "one value per position of each row's region"
         raise DecodeError(f"rule {label(rule)} returned a {what} of shape {tuple(value.shape)}; expected "
-                          f"{tuple(shape)} (one value per position of each row's region)")
+                          f"{tuple(shape)} ({each})")
+    if kinds == "bool":
+        if not jnp.issubdtype(value.dtype, jnp.bool_):
+            raise DecodeError(f"rule {label(rule)} returned a {what} of dtype {value.dtype}; expected bool (True: "
+                              "the row's block is finished after this pass)")
+        return value
     if not (jnp.issubdtype(value.dtype, jnp.bool_) or jnp.issubdtype(value.dtype, jnp.integer)):
         raise DecodeError(f"rule {label(rule)} returned a {what} of dtype {value.dtype}; expected bool or int8 "
                           "clause codes (0: none, k: clause_names[k - 1])")
@@ -124,22 +150,47 @@ def checked(rule, what: str, value, shape: tuple[int, ...]):
 
 
 def apply_decision(decision: Decision, rule, traits: RuleTraits, candidates: Bool[Array, "B T"],
-                   in_region: Bool[Array, "B T"], pred: Int[Array, "B T"], tokens: Int[Array, "B T"],
-                   conf: Float[Array, "B T"], mask_id: int, forced: int) -> tuple[Int[Array, "B T"], Int[Array, "B T"]]:
-    """(commit codes, remask codes) of a rule that revokes, kept to the contract: commits first (candidates only),
-    then remasks of what holds a token after them (decoded before this pass or just committed; never the prompt,
-    never outside the region); a working row that neither commits nor remasks commits its most confident
-    candidate, as a rule that only commits always does. (Never traced for a rule that only commits.)"""
-    if not traits.revokes:
-        raise DecodeError(f"rule {label(rule)} returned Decision(commit, remask) but declares no "
-                          "remask_names: a rule that takes commits back names its remask clauses (remask_names = (...))")
+                   held: Bool[Array, "B T"], pred: Int[Array, "B T"], tokens: Int[Array, "B T"],
+                   conf: Float[Array, "B T"], mask_id: int, forced: int
+                   ) -> tuple[Int[Array, "B T"], Int[Array, "B T"] | None, Int[Array, "B T"] | None,
+                              Bool[Array, "B"] | None]:
+    """(commit codes, remask codes, edit codes, finished rows) of a rule that returns a Decision, kept to the
+    contract: commits first (candidates only), then remasks of what holds a token after them (decoded before this
+    pass or just committed), edits of what held a generated token before this pass and is not remasked, where the
+    prediction differs from it; remasks and edits only where `held` (inside the region, never the prompt). A working
+    row that neither commits nor remasks commits its most confident candidate, as a rule that only commits always
+    does. A field the rule never returns is None (not traced). (Never traced for a rule that only commits.)"""
+    given = {"remask": decision.remask, "edit": decision.edit, "finished": decision.finished}
+    for field, trait, declared, why in (
+            ("remask", "remask_names", traits.revokes,
+             "a rule that takes commits back names its remask clauses (remask_names = (...))"),
+            ("edit", "edit_names", traits.edits, "a rule that edits names its edit clauses (edit_names = (...))"),
+            ("finished", "ends_blocks", traits.ends_blocks,
+             "a rule that says when its block is finished declares ends_blocks = True")):
+        if given[field] is not None and not declared:
+            raise DecodeError(f"rule {label(rule)} returned Decision(commit, {field}) but declares no {trait}: {why}")
+        if given[field] is None and declared:
+            raise DecodeError(f"rule {label(rule)} declares {trait} but returned a Decision without {field}: "
+                              f"Decision(commit, {field}=...)")
     checked(rule, "commit", decision.commit, candidates.shape)
-    checked(rule, "remask", decision.remask, candidates.shape)
     code = jnp.where(candidates, decision.commit.astype(jnp.int8), jnp.int8(0))
-    after = jnp.where(code > 0, pred, tokens)
-    remask = jnp.where((after != mask_id) & in_region, decision.remask.astype(jnp.int8), jnp.int8(0))
-    idle = ~jnp.any(code > 0, axis=1, keepdims=True) & ~jnp.any(remask > 0, axis=1, keepdims=True)
-    return jnp.where(idle & most_confident(conf, candidates), jnp.int8(forced), code), remask
+    remask = edit = finished = None
+    if traits.revokes:
+        checked(rule, "remask", decision.remask, candidates.shape)
+        after = jnp.where(code > 0, pred, tokens)
+        remask = jnp.where((after != mask_id) & held, decision.remask.astype(jnp.int8), jnp.int8(0))
+    if traits.edits:
+        checked(rule, "edit", decision.edit, candidates.shape)
+        replaces = (tokens != mask_id) & held & (pred != tokens)
+        if remask is not None:
+            replaces &= remask == 0
+        edit = jnp.where(replaces, decision.edit.astype(jnp.int8), jnp.int8(0))
+    if traits.ends_blocks:
+        finished = checked(rule, "finished", decision.finished, candidates.shape[:1], kinds="bool")
+    idle = ~jnp.any(code > 0, axis=1, keepdims=True)
+    if remask is not None:
+        idle &= ~jnp.any(remask > 0, axis=1, keepdims=True)
+    return jnp.where(idle & most_confident(conf, candidates), jnp.int8(forced), code), remask, edit, finished
 
 
 def keep_contract(code: Array, candidates: Bool[Array, "B T"], conf: Float[Array, "B T"], forced: int

@@ -120,7 +120,7 @@ class DataModelMesh(_OnDataModelMesh):
         rows = lambda a: _to_host(a)[:batch]  # noqa: E731
         return LoopOutput(rows(out.x), rows(out.nfe), int(np.max(_to_host(out.passes))),
                           int(np.max(_to_host(out.full_passes))), jax.tree.map(rows, out.record),
-                          jax.tree.map(rows, out.remasks))
+                          jax.tree.map(rows, out.remasks), jax.tree.map(rows, out.edits))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -144,7 +144,8 @@ def collect(strategy: str, lm, samples: list[dict]) -> list[dict]:
         row = by_doc[doc_id]
         st = lm.stats[row.pop("_key")]
         row.update(prompt_tokens=st.get("prompt_tokens"), fewshot_dropped=st.get("fewshot_dropped", 0),
-                   nfe=st.get("nfe"), remasks=st.get("remasks", 0), hit_bound=st.get("hit_bound", False),
+                   nfe=st.get("nfe"), remasks=st.get("remasks", 0), edits=st.get("edits", 0),
+                   hit_bound=st.get("hit_bound", False),
                    seconds=st.get("seconds"),
                    generated_tokens=st.get("generated_tokens"), compile_seconds=st.get("compile_seconds", 0.0),
                    passes_share=st.get("passes_share"), slots=st.get("slots"))
@@ -161,6 +162,7 @@ def summarize(rows: list[dict]) -> dict:
         "accuracy_flexible": sum(r["correct_flexible"] for r in rows) / n,
         "mean_nfe": sum(r["nfe"] for r in rows) / n,
         "mean_remasks": sum(r.get("remasks") or 0 for r in rows) / n,  # tokens taken back (rules that revoke)
+        "mean_edits": sum(r.get("edits") or 0 for r in rows) / n,  # tokens replaced by others (rules that edit)
         "hit_bound": sum(bool(r.get("hit_bound")) for r in rows),  # answers stopped by max_passes with masks left
         "tokens_per_second": sum(r["generated_tokens"] for r in rows) / max(seconds, 1e-9),
         "seconds_per_sample": seconds / n,

@@ -243,6 +243,7 @@ class LocalLeapLM(LM):
             answers.append(cut_at_until(texts[j], gen_kwargs.get("until")))
             row = {"key": prompt_key(context), "nfe": int(out.nfe[j]), "seconds": out.seconds / len(batch),
                    "remasks": 0 if out.remasks is None else int(out.remasks[j]),
+                   "edits": 0 if out.edits is None else int(out.edits[j]),
                    "hit_bound": bool(out.hit_bound[j]) if out.hit_bound is not None else False,
                    "prompt_tokens": len(prompts[i].ids), "fewshot_dropped": prompts[i].fewshot_dropped,
                    "generated_tokens": len(cut_at_stop(generated[j], tok.stop_ids)),

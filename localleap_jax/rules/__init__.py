@@ -13,8 +13,11 @@ per row inside the compiled loop. Rules by module:
   stateful     stable (this project's worked example); klass (KLASS)
   combinators  any_of, all_of
   revoking     wino, saber, remdm: rules that take commits back (Decision(commit, remask))
+  editing      joint_threshold (LLaDA2.1): rules that replace held tokens and end their own blocks
+               (Decision(commit, edit=..., finished=...))
   sources      rules from a user's file or module (load_rules, --rules), entry points, each rule's code_identity
-  traits       what the loop reads of a rule, once: RuleTraits (region, probes, remask_names, resets_state)
+  traits       what the loop reads of a rule, once: RuleTraits (region, probes, remask_names, resets_state,
+               edit_names, ends_blocks)
   failures     a rule's calls inside the compiled loop, and a failure there in one line (file, line, what to do)
   strategy     one way to say a rule: resolve / as_rule (a rule or a spec), with_shared_settings (the shared flags)
 """
@@ -28,13 +31,14 @@ from localleap_jax.rules.uncertainty import EntropyBounded, Entropy, Margin  # n
 from localleap_jax.rules.stateful import Klass, Stable  # noqa: E402
 from localleap_jax.rules.combinators import AllOf, AnyOf, all_of, any_of  # noqa: E402
 from localleap_jax.rules.revoking import ReMDM, Saber, Wino  # noqa: E402
+from localleap_jax.rules.editing import JointThreshold  # noqa: E402
 from localleap_jax.rules.sources import RulesError, code_identity, load_rules  # noqa: E402
 from localleap_jax.rules.traits import RuleTraits, traits_of  # noqa: E402
 from localleap_jax.rules.failures import check_calls, run_init, run_update  # noqa: E402
 from localleap_jax.rules.strategy import SHARED_SETTINGS, as_rule, resolve, with_shared_settings  # noqa: E402
 
 __all__ = ["AllOf", "AnyOf", "Decision", "DecodeError", "Dynamic", "Entropy", "EntropyBounded", "Factor", "FunctionRule",
-           "Klass", "LocalLeap", "LowConfidence", "Margin", "RULES", "ReMDM", "Rule", "RuleBase", "RuleTraits", "RulesError",
+           "JointThreshold", "Klass", "LocalLeap", "LowConfidence", "Margin", "RULES", "ReMDM", "Rule", "RuleBase", "RuleTraits", "RulesError",
            "SHARED_SETTINGS", "Saber", "Signals", "Stable", "Threshold", "Wino", "all_of", "any_of", "as_rule", "check_calls",
            "code_identity", "first_clause", "load_rules", "most_confident", "near_any", "parse_spec", "per_row", "rank_by",
            "register", "register_rule", "resolve", "rule", "rule_from_json", "rule_to_json", "run_init", "run_update",

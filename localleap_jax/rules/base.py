@@ -21,6 +21,15 @@ never a prompt position, never one outside the region); a working row that neith
 commits its most confident candidate. A rule that returns a bare commit compiles to the program without any
 of it.
 
+A rule that edits (LLaDA2.1's JointThreshold) returns `Decision(commit, edit=edit)`: `edit` (bool, or int8 codes
+naming `rule.edit_names`) marks positions whose held token is replaced by this pass's prediction. The loop
+applies an edit only where the position held a generated token before the pass (never a mask, never the prompt,
+never outside the region, never a position the same pass remasks) and the prediction differs from it, so every
+applied edit replaces a token by a different one (`out.edits` counts them; commits of masks are not edits).
+A rule that decides when its row's block ends (`ends_blocks`) also returns `Decision(..., finished=[B] bool)`:
+the loop ends a row's block on the pass whose decision says finished, once no position of it is masked, instead
+of on the pass that fills its last mask; the passes in between, with no mask left, are working passes (NFE).
+
 Class attributes a rule declares (all static; `RuleBase` gives the defaults, `traits.traits_of` reads them once
 into the loop's compile-time settings):
   region        "block" (the current block; the default) or "generated": the generated region up to the current
@@ -30,6 +39,11 @@ into the loop's compile-time settings):
                 copy of the block appended to the canvas, WINO's verification), as `signals.held_out`.
   remask_names  names of the remask clauses (non-empty: the rule revokes).
   resets_state  False: the loop keeps the rule's state when a row enters a new block (Saber's threshold history).
+  edit_names    names of the edit clauses (non-empty: the rule edits held tokens; `Decision.edit`).
+  ends_blocks   True: the rule says when its row's block is finished (`Decision.finished`), so a block may run
+                passes after its last mask is filled (JointThreshold's post-edit passes). Its rows advance
+                through blocks on their own (no cache shared by the batch's rows), and its `pass_bound` says how
+                many passes a row may take.
 
 A rule is an object with every member of the `Rule` protocol below. Subclass `RuleBase` (and decorate with
 `flax.struct.dataclass`), or give a function to `stateless`: an object of a class of your own that lacks a member
@@ -77,7 +91,8 @@ class Signals:
                  candidates: Bool[Array, "B T"], step: Int[Array, "B"], gen_length: int, block_length: int,
                  num_blocks: Int[Array, "B"] | int | None = None, tokens: Int[Array, "B T"] | None = None,
                  valid: Bool[Array, "B T"] | None = None, mask_id: int | None = None,
-                 held_out_logits: Float[Array, "B T V"] | None = None):
+                 held_out_logits: Float[Array, "B T V"] | None = None, idx: Int[Array, "B T"] | None = None,
+                 prompt_length: int = 0):
         self.logits = logits
         self.pred = pred
         self.conf = conf
@@ -91,15 +106,27 @@ class Signals:
         self._valid = valid
         self.mask_id = mask_id
         self._held_out_logits = held_out_logits
+        self._idx = idx  # canvas indices of the region's positions (positions < prompt_length are the prompt)
+        self._prompt_length = prompt_length
 
     @property
     def valid(self) -> Bool[Array, "B T"]:
         return jnp.ones(self.conf.shape, bool) if self._valid is None else self._valid
 
+    @functools.cached_property
+    def prompt(self) -> Bool[Array, "B T"]:
+        """Positions of the region that belong to the prompt: a block-diffusion row's first block holds its
+        prompt's tail (never on a bidirectional model's blocks, which start after the prompt)."""
+        if self._idx is None:
+            return jnp.zeros(self.conf.shape, bool)
+        return self._idx < self._prompt_length
+
     @property
     def decoded(self) -> Bool[Array, "B T"]:
-        """Positions of the region that hold a token (what a rule may remask)."""
-        return self.valid & (self.tokens != self.mask_id)
+        """Positions of the region that hold a generated token (what a rule may remask or edit): not a mask, not
+        the prompt."""
+        held = self.valid & (self.tokens != self.mask_id)
+        return held if self._idx is None else held & ~self.prompt
 
     @functools.cached_property
     def held_conf(self) -> Float[Array, "B T"]:
@@ -281,10 +308,15 @@ def make_spec(name: str, settings: dict[str, Any]) -> str:
 
 
 class Decision(NamedTuple):
-    """What a rule that takes commits back returns: commits and remasks over its region (bool or int8 codes)."""
+    """What a rule that takes commits back, edits, or ends its own blocks returns: commits, remasks and edits over
+    its region (bool or int8 codes; None: the rule never does that), and which rows' blocks are finished after
+    this pass ([B] bool; None: a block ends when its last mask fills). Each field that is not None needs its
+    trait: remask_names, edit_names, ends_blocks."""
 
     commit: Array
-    remask: Array
+    remask: Array | None = None
+    edit: Array | None = None
+    finished: Array | None = None
 
 
 class RuleBase:
@@ -297,6 +329,8 @@ class RuleBase:
     region: ClassVar[str] = "block"
     probes: ClassVar[bool] = False
     resets_state: ClassVar[bool] = True
+    edit_names: ClassVar[tuple[str, ...]] = ()
+    ends_blocks: ClassVar[bool] = False
 
     def pass_bound(self, gen_length: int, block_length: int) -> int:
         """The passes a row may need at most (DecodeConfig.max_passes's default): a rule that only commits
@@ -340,6 +374,8 @@ class Rule(Protocol):
     probes: bool
     remask_names: tuple[str, ...]
     resets_state: bool
+    edit_names: tuple[str, ...]
+    ends_blocks: bool
 
     def init(self, batch: int, block: int, vocab: int) -> State: ...
 

@@ -38,7 +38,8 @@ class AnyOf(RuleBase):
     def validate(self, gen_length=None, block_length=None):
         for r in self.rules:
             traits = traits_of(r)
-            why = [what for what, holds in (("takes commits back", traits.revokes),
+            why = [what for what, holds in (("takes commits back", traits.revokes), ("edits", traits.edits),
+                                            ("ends its own blocks", traits.ends_blocks),
                                             (f"sees the {traits.region} region", traits.region != "block"),
                                             ("probes the block", traits.probes),
                                             ("keeps its state across blocks", not traits.resets_state)) if holds]

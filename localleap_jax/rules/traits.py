@@ -1,9 +1,11 @@
 """What the loop reads of a rule, read once: that it is a rule at all, and its traits.
 
-    traits = rules.traits_of(rule)     # RuleTraits(region, probes, remask_names, resets_state), checked
+    traits = rules.traits_of(rule)     # RuleTraits(region, probes, remask_names, resets_state, edit_names,
+                                       #            ends_blocks), checked
 
 A rule's traits are static (they shape the compiled program): the class attributes the `Rule` protocol declares,
-with `RuleBase`'s defaults (region "block", no probes, no remask clauses, state reset per block). `DecodeConfig`
+with `RuleBase`'s defaults (region "block", no probes, no remask or edit clauses, state reset per block, a block
+ending when its last mask fills). `DecodeConfig`
 reads them here, once, into the loop's compile-time settings (`LoopSettings.traits`); nothing in `decode/` reads a
 rule's attributes. An object without every member of the protocol (a user's class that does not subclass
 RuleBase) is refused in one line naming what it lacks.
@@ -28,10 +30,27 @@ class RuleTraits(NamedTuple):
     probes: bool = False  # the pass also scores each block position with that position hidden (signals.held_out)
     remask_names: tuple[str, ...] = ()  # the rule's remask clauses (non-empty: it takes commits back)
     resets_state: bool = True  # False: the rule's state spans blocks (kept when a row enters a new block)
+    edit_names: tuple[str, ...] = ()  # the rule's edit clauses (non-empty: it replaces held tokens)
+    ends_blocks: bool = False  # True: the rule says when its row's block is finished (Decision.finished)
 
     @property
     def revokes(self) -> bool:
         return bool(self.remask_names)
+
+    @property
+    def edits(self) -> bool:
+        return bool(self.edit_names)
+
+    @property
+    def decides(self) -> bool:
+        """The rule returns a Decision (it remasks, edits or ends its blocks), not a bare commit."""
+        return self.revokes or self.edits or self.ends_blocks
+
+    @property
+    def own_bound(self) -> bool:
+        """A working pass may leave as many masks as before (a remask, a pass with no mask left): the loop's bound
+        is the rule's `pass_bound`, not one pass per generated position."""
+        return self.revokes or self.ends_blocks
 
 
 def protocol_members() -> tuple[str, ...]:
@@ -47,16 +66,18 @@ def _called(rule) -> str:
 
 def traits_of(rule) -> RuleTraits:
     """The rule's traits, checked: every protocol member present, a region the loop knows, probes only over the
-    block, remask_names a tuple of names, probes and resets_state True or False. One DecodeError line otherwise."""
+    block, remask_names and edit_names tuples of names, probes, resets_state and ends_blocks True or False. One
+    DecodeError line otherwise."""
     missing = [m for m in protocol_members() if not hasattr(rule, m)]
     if missing:
         raise DecodeError(f"{_called(rule)} lacks {', '.join(missing)} of the Rule protocol: subclass "
                           "ll.rules.RuleBase (a flax.struct.dataclass), which gives every default, or use "
                           "ll.stateless(fn)")
     region, probes, names, resets = rule.region, rule.probes, rule.remask_names, rule.resets_state
+    edit_names, ends_blocks = rule.edit_names, rule.ends_blocks
     if not isinstance(region, str) or region not in REGIONS:
         raise DecodeError(f"{rule.name}: region={region!r}; a rule's region is 'block' or 'generated'")
-    for trait, value in (("probes", probes), ("resets_state", resets)):
+    for trait, value in (("probes", probes), ("resets_state", resets), ("ends_blocks", ends_blocks)):
         if not isinstance(value, (bool, np.bool_)):
             raise DecodeError(f"{rule.name}: {trait}={value!r} must be True or False")
     if probes and region != "block":
@@ -64,4 +85,6 @@ def traits_of(rule) -> RuleTraits:
                           "have them")
     if not isinstance(names, tuple) or not all(isinstance(n, str) for n in names):
         raise DecodeError(f"{rule.name}: remask_names={names!r} must be a tuple of names, e.g. ('doubt',)")
-    return RuleTraits(region, bool(probes), names, bool(resets))
+    if not isinstance(edit_names, tuple) or not all(isinstance(n, str) for n in edit_names):
+        raise DecodeError(f"{rule.name}: edit_names={edit_names!r} must be a tuple of names, e.g. ('changed',)")
+    return RuleTraits(region, bool(probes), names, bool(resets), edit_names, bool(ends_blocks))
