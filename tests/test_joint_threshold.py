@@ -54,7 +54,7 @@ class Checkpoint:
 
 
 def _sdar(tmp_path_factory, block_size: int) -> Checkpoint:
-    from convert.sdar import convert
+    from localleap_jax.convert_hf import convert
     from localleap_jax.families import make_tokenizer
     from oracles import sdar as reference_sdar
 
