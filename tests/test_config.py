@@ -3,7 +3,7 @@ field is refused by name (never coerced: `int(64.7)` would silently build anothe
 
 import pytest
 
-from localleap_jax.config import ConfigError, ModelConfig
+from localleap_jax.config import ConfigError
 from localleap_jax.families import read_config, write_config
 from helpers import tiny_dream_config, tiny_hf_config
 

@@ -21,8 +21,7 @@ from typing import Any, Mapping
 from localleap_jax.config import ModelConfig
 from localleap_jax.errors import ConfigError
 from localleap_jax.families import Family, qwen
-from localleap_jax.families.fields import flag, refuse, whole
-from localleap_jax.tokenizer import added_token_id
+from localleap_jax.families.fields import fill_token_id, flag, refuse, whole
 
 MASK_TOKEN = "|<MASK>|"
 DEFAULT_BLOCK_SIZE = 32  # bd_size of the released models
@@ -53,12 +52,7 @@ def complete_config(src: Path, hf_config: dict) -> dict:
     """The mask id (the tokenizer's |<MASK>|), so the converted checkpoint's config.json states it."""
     out = dict(hf_config)
     out.setdefault("bd_size", DEFAULT_BLOCK_SIZE)
-    if out.get("mask_token_id") is None:
-        found = added_token_id(src / "tokenizer.json", MASK_TOKEN)
-        if not isinstance(found, int):
-            raise ConfigError(f"config.json has no mask_token_id and {src}/tokenizer.json has no {MASK_TOKEN} token: "
-                              "set mask_token_id in config.json")
-        out["mask_token_id"] = found
+    fill_token_id(out, "mask_token_id", src, MASK_TOKEN)
     return out
 
 

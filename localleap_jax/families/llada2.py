@@ -33,11 +33,10 @@ from typing import Any, Mapping
 from localleap_jax.config import ModelConfig
 from localleap_jax.errors import ConfigError
 from localleap_jax.families import Family
-from localleap_jax.families.fields import flag, positive, refuse, whole
+from localleap_jax.families.fields import fill_token_id, positive, refuse, whole
 from localleap_jax.families.target import Target
 from localleap_jax.model import layer_slot
 from localleap_jax.moe import MoE, MoELayers, Router
-from localleap_jax.tokenizer import added_token_id
 
 MASK_TOKEN = "<|mask|>"
 EOS_TOKEN = "<|endoftext|>"
@@ -133,28 +132,34 @@ def tensor_map(config: ModelConfig) -> dict[str, Target | tuple[Target, ...]]:
             out |= {p + f"mlp.{hf}.weight": Target((stack, ours, "kernel"), j, True)
                     for hf, ours in (("gate_proj", "ff_proj"), ("up_proj", "up_proj"), ("down_proj", "ff_out"))}
             continue
-        moe = (stack, "moe")
-        out[p + "mlp.gate.weight"] = Target((*moe, "gate", "kernel"), j, True)
-        out[p + "mlp.gate.expert_bias"] = Target((*moe, "expert_bias"), j, False)
-        for e in range(a.moe.router.num_experts):
-            out |= {p + f"mlp.experts.{e}.{n}.weight": Target((*moe, "experts", n), (j, e), True)
-                    for n in ("gate_proj", "up_proj", "down_proj")}
-        if a.shared_hidden:
-            out |= {p + f"mlp.shared_experts.{n}.weight": Target((*moe, f"shared_{n}", "kernel"), j, True)
-                    for n in ("gate_proj", "up_proj", "down_proj")}
+        out |= moe_tensors(a, stack, j, gate=p + "mlp.gate.weight", bias=p + "mlp.gate.expert_bias",
+                           experts=p + "mlp.experts", shared=p + "mlp.shared_experts")
+    return out
+
+
+def moe_tensors(arch: MoELayers, stack: str, j: int, *, gate: str, bias: str, experts: str, shared: str
+                ) -> dict[str, Target]:
+    """A MoE feed-forward's tensors (model.py's `moe` leaves of layer j of `stack`), named as the family names them:
+    its router `gate`, its expert `bias` (when the router has one), `experts.{e}.{gate,up,down}_proj` and the
+    `shared.{gate,up,down}_proj` experts (when it has them)."""
+    moe = (stack, "moe")
+    out = {gate: Target((*moe, "gate", "kernel"), j, True)}
+    if arch.expert_bias:
+        out[bias] = Target((*moe, "expert_bias"), j, False)
+    for e in range(arch.moe.router.num_experts):
+        out |= {f"{experts}.{e}.{n}.weight": Target((*moe, "experts", n), (j, e), True)
+                for n in ("gate_proj", "up_proj", "down_proj")}
+    if arch.shared_hidden:
+        out |= {f"{shared}.{n}.weight": Target((*moe, f"shared_{n}", "kernel"), j, True)
+                for n in ("gate_proj", "up_proj", "down_proj")}
     return out
 
 
 def complete_config(src: Path, hf_config: dict) -> dict:
     """The mask and EOS ids (the tokenizer's <|mask|> and <|endoftext|>, also pad), which config.json lacks."""
     out = dict(hf_config)
-    for key, token in (("mask_token_id", MASK_TOKEN), ("eos_token_id", EOS_TOKEN)):
-        if out.get(key) is None:
-            found = added_token_id(src / "tokenizer.json", token)
-            if not isinstance(found, int):
-                raise ConfigError(f"config.json has no {key} and {src}/tokenizer.json has no {token} token: set "
-                                  f"{key} in config.json")
-            out[key] = found
+    fill_token_id(out, "mask_token_id", src, MASK_TOKEN)
+    fill_token_id(out, "eos_token_id", src, EOS_TOKEN)
     out.setdefault("pad_token_id", out["eos_token_id"])
     return out
 

@@ -18,14 +18,13 @@ converter reads `<|mask|>` (156895) from the tokenizer; EOS `<|endoftext|>` (156
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Mapping
 
 from localleap_jax.config import ModelConfig
 from localleap_jax.errors import ConfigError
 from localleap_jax.families import Family
 from localleap_jax.families.fields import flag, positive, refuse, whole
-from localleap_jax.families.llada2 import EOS_TOKEN, MASK_TOKEN, complete_config
+from localleap_jax.families.llada2 import MASK_TOKEN, complete_config, moe_tensors
 from localleap_jax.families.target import Target
 from localleap_jax.model import layer_slot
 from localleap_jax.moe import MoE, MoELayers, Router
@@ -111,16 +110,8 @@ def tensor_map(config: ModelConfig) -> dict[str, Target]:
             out |= {p + f"mlp.{hf}.weight": Target((stack, ours, "kernel"), j, True)
                     for hf, ours in (("gate_proj", "ff_proj"), ("up_proj", "up_proj"), ("down_proj", "ff_out"))}
             continue
-        moe = (stack, "moe")
-        out[p + "mlp.gate.weight"] = Target((*moe, "gate", "kernel"), j, True)
-        if a.expert_bias:
-            out[p + "mlp.expert_bias"] = Target((*moe, "expert_bias"), j, False)
-        for e in range(a.moe.router.num_experts):
-            out |= {p + f"mlp.experts.{e}.{n}.weight": Target((*moe, "experts", n), (j, e), True)
-                    for n in ("gate_proj", "up_proj", "down_proj")}
-        if a.shared_hidden:
-            out |= {p + f"shared_expert.{n}.weight": Target((*moe, f"shared_{n}", "kernel"), j, True)
-                    for n in ("gate_proj", "up_proj", "down_proj")}
+        out |= moe_tensors(a, stack, j, gate=p + "mlp.gate.weight", bias=p + "mlp.expert_bias",
+                           experts=p + "mlp.experts", shared=p + "shared_expert")  # a layer-level shared expert
     return out
 
 

@@ -11,15 +11,13 @@ low_confidence_dynamic at threshold 0.9.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
 from localleap_jax.config import ModelConfig
 from localleap_jax.errors import ConfigError
 from localleap_jax.families import Family, qwen
-from localleap_jax.families.fields import flag, refuse, whole
-from localleap_jax.tokenizer import added_token_id
+from localleap_jax.families.fields import fill_token_id, flag, refuse, whole
 
 MASK_TOKEN = "<|MASK|>"  # SDAR's (151669 in the release; config.json does not name it)
 DEFAULT_BLOCK_SIZE = 4  # the block length SDAR's released chat models were trained with
@@ -50,17 +48,7 @@ def complete_config(src: Path, hf_config: dict) -> dict:
     converted checkpoint's config.json states both."""
     out = dict(hf_config)
     out.setdefault("block_size", DEFAULT_BLOCK_SIZE)
-    if out.get("mask_token_id") is None:
-        found = added_token_id(src / "tokenizer.json", MASK_TOKEN)
-        if found is None:  # the slow layout: {"<|MASK|>": 151669, ...}
-            try:
-                found = json.loads((src / "added_tokens.json").read_text()).get(MASK_TOKEN)
-            except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-                found = None
-        if not isinstance(found, int):
-            raise ConfigError(f"config.json has no mask_token_id and {src}/tokenizer.json has no {MASK_TOKEN} "
-                              "token: set mask_token_id in config.json")
-        out["mask_token_id"] = found
+    fill_token_id(out, "mask_token_id", src, MASK_TOKEN)
     return out
 
 

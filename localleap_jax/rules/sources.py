@@ -41,7 +41,6 @@ from typing import Iterable
 
 from localleap_jax.errors import RulesError, first_line
 from localleap_jax.rules import registry
-from localleap_jax.rules.base import DecodeError
 
 ENTRY_POINT_GROUP = "localleap_jax.rules"
 FILE_MODULE_PREFIX = "localleap_jax_user_rules"  # the sys.modules name of a file loaded by path
