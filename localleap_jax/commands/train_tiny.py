@@ -310,10 +310,12 @@ def main(argv=None) -> int:
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
                         help=f"{FIELD_HELP[f.name]} (default {f.default})")
     args = ap.parse_args(argv)
-    if args.family == "llada" and args.block_size is not None:
+    # --family names the architecture trained: LLaDA's (bidirectional) or SDAR's (block diffusion, its objective)
+    block_diffusion = args.family == "sdar"
+    if not block_diffusion and args.block_size is not None:
         ap.error("--block-size is for --family sdar (LLaDA attends bidirectionally)")
     block_size = args.block_size if args.block_size is not None else 4
-    if args.family == "sdar" and block_size < 1:
+    if block_diffusion and block_size < 1:
         ap.error(f"--block-size must be >= 1, got {block_size}")
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
     for name in ("steps", "batch_size", "gen_length", "prompt_length", "vocab_size", "d_model", "n_layers",
@@ -329,16 +331,17 @@ def main(argv=None) -> int:
         ap.error(f"--task must be one of {', '.join(sorted(synthetic_math.TASKS))}, got {cfg.task!r}")
     if not 0.0 <= cfg.decode_like <= 1.0:
         ap.error(f"--decode-like is a share of rows, in [0, 1]; got {cfg.decode_like}")
-    if args.family == "llada" and (cfg.block_length < 1 or cfg.gen_length % cfg.block_length):  # sdar: --block-size
+    if not block_diffusion and (cfg.block_length < 1 or cfg.gen_length % cfg.block_length):  # sdar: --block-size
         ap.error(f"--block-length must divide --gen-length {cfg.gen_length} (the export decodes in blocks of it), "
                  f"got {cfg.block_length}")
-    if cfg.decode_like and args.family == "sdar":
+    if cfg.decode_like and block_diffusion:
         ap.error("--decode-like is for --family llada (SDAR's objective already denoises block by block)")
     return cli.run_command(lambda: train(args, cfg, block_size, argv))
 
 
 def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
     """The run the flags ask for: train (or resume), then export a checkpoint directory."""
+    block_diffusion = args.family == "sdar"  # the architecture --family names (see main)
     cli.check_writable_dir(args.out, "--out")  # both before any work, not after the training
     if args.export:
         cli.check_writable_dir(Path(args.export).expanduser().resolve().parent, "--export", args.export)
@@ -350,7 +353,7 @@ def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
         del run_cfg["task"]
     if not cfg.decode_like:
         del run_cfg["decode_like"], run_cfg["block_length"]
-    if args.family == "sdar":
+    if block_diffusion:
         run_cfg |= {"family": "sdar", "block_size": block_size}
     if init_from:
         run_cfg |= {"init_from": init_from}
@@ -365,7 +368,7 @@ def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
         (out / "tokenizer").mkdir(parents=True, exist_ok=True)
         checkpoint.copy_tokenizer_files(init_from, out / "tokenizer")  # the warm start's ids
     tok = build_tokenizer(cfg, out / "tokenizer")
-    if args.family == "sdar":
+    if block_diffusion:
         config = sdar_model_config(cfg, tok, block_size)
         loss_fn = functools.partial(bd_sft_loss, config=config, gen_length=cfg.gen_length)
     else:
@@ -439,14 +442,14 @@ def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
            "resumed_from_step": start, "exported_at_step": start + len(steps), "hardware": f"{platform.processor() or platform.machine()}, "
            f"{os.cpu_count()} CPU cores, jax {jax.__version__} on {jax.default_backend()}",
            "final_loss_ema": ema}
-    if args.family == "sdar":
+    if block_diffusion:
         log |= {"family": "sdar", "block_size": block_size, "objective": "bd_sft_loss (block diffusion SFT)"}
     if warm:
         log |= {"warm_start": warm}
-    if args.family == "sdar" or init_from:
+    if block_diffusion or init_from:
         log |= {"command": " ".join(["python", "experiments/train_tiny.py", *(argv if argv is not None
                                                                               else sys.argv[1:])])}
-    if args.family == "sdar":
+    if block_diffusion:
         readme = sdar_readme(cfg, config, log, args.init_from)
     else:
         readme = (f"# Small LLaDA-architecture model trained by experiments/train_tiny.py\n\n"
@@ -457,7 +460,7 @@ def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
                               "eval_data": "synthetic_math", "eval_data_spec": {"n": 500, "seed": cfg.seed}
                               | ({"task": cfg.task} if cfg.task != "math" else {}),
                               "eval_defaults": {"gen_length": cfg.gen_length,
-                                                "block_length": block_size if args.family == "sdar" else cfg.block_length,
+                                                "block_length": block_size if block_diffusion else cfg.block_length,
                                                 "num_fewshot": 0}
                               # the chain tasks are where committing early should cost accuracy: their default
                               # run puts the low threshold beside the paper's settings
