@@ -110,7 +110,7 @@ def test_decoding_equals_the_authors_batch_sample(v2, tokenizer, rule_name, cach
     model, torch_model, _ = v2
     V, mask_id, stop_id = _ids(tokenizer)
     bd, sub, gen = model.config.block_size, 4, 20
-    ids, mask = _batch(V, [16, 5, 11], seed=7, avoid=(mask_id, stop_id))  # 16: on the grid (a prefill free token)
+    ids, mask = _batch(V, [16, 5, 11, 8], seed=7, avoid=(mask_id, stop_id))  # 16, 8: on the grid (prefill free tokens)
     kappa = 0.5
     settings = {"threshold": {"kappa": kappa}, "localleap": {"kappa": kappa, "tau": 0.3, "radius": 1},
                 "stable": {"k": 2, "c_min": 0.3}}[rule_name]
@@ -136,6 +136,28 @@ def test_decoding_equals_the_authors_batch_sample(v2, tokenizer, rule_name, cach
     assert any(len(r.free_tokens) > r.store for r in stats) and sum(r.store for r in stats) > 0
     if rule_name != "stable":
         assert any(r.denoise < r.tokens.size - len(p) - len(r.free_tokens)
-                   for r, p in zip(stats, [ids[b][mask[b]] for b in range(3)]))
+                   for r, p in zip(stats, [ids[b][mask[b]] for b in range(len(ids))]))
     if cache == "subblock":
         assert sum(r.sub_passes for r in stats) > 0
+
+
+def test_the_adapter_decodes_in_sub_blocks_and_the_likelihood_is_refused(v2, tokenizer):
+    """The lm-eval adapter takes the family's block and sub-blocks; a sub-block length for a family without them and
+    the likelihood (the authors' scores only a target's first token: not an ELBO) are refused in one line."""
+    from lm_eval.api.instance import Instance
+
+    from localleap_jax.lm_eval import LocalLeapLM
+
+    model, _, _ = v2
+    lm = LocalLeapLM(model=model, compile_cache=False, progress=False, strategy="threshold:kappa=0.5", gen_length=16)
+    assert (lm.cfg.block_length, lm.cfg.sub_blocks(model.config)) == (8, 8)  # the family's sub-block: the block here
+    ctxs = ["Question: Tom has 9 pens.\nAnswer:", "Question: Mia has 3 apples and 4 more.\nAnswer:"]
+    answers = lm.generate_until([Instance("generate_until", {}, (c, {"until": []}), i) for i, c in enumerate(ctxs)])
+    for ctx, answer in zip(ctxs, answers):
+        ids = np.asarray([model.tokenizer.encode(ctx)], np.int32)
+        assert answer == model.tokenizer.decode_generated(ll.generate(model, ids, None, lm.cfg))[0]
+    with pytest.raises(ll.LikelihoodError, match="not an ELBO"):
+        ll.loglikelihood(model, [[5, 6]], [[7]])
+    sdar = ll.load("embedded-sdar", dtype="float32")
+    with pytest.raises(ll.DecodeError, match="sub-blocks are Fast-dLLM v2's"):
+        ll.DecodeConfig(strategy="threshold", gen_length=16, block_length=4, sub_block_length=2).validate(sdar.config)

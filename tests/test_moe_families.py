@@ -264,3 +264,28 @@ def test_llada2_on_meshes_with_an_expert_axis_equals_one_device(llada2, tokenize
         expert = int(name.split("x")[1])
         assert r["tokens"] and r["nfe"], name
         assert r["experts_axis"] == 8 and abs(r["share"] - 1 / expert) < 1e-9, (name, r)
+
+
+def test_the_evaluation_takes_llada2_with_its_authors_defaults(llada2, tmp_path):
+    """eval_gsm8k with no --strategies and no --block-length runs LLaDA2's own (the dynamic rule at 0.95 among the
+    family's strategies, its block of 32); the lm-eval adapter decodes as ll.generate does alone."""
+    from lm_eval.api.instance import Instance
+
+    from helpers import REPO
+    from localleap_jax.commands import eval_gsm8k
+    from localleap_jax.lm_eval import LocalLeapLM
+
+    model, _, out = llada2
+    code = eval_gsm8k.main(["--checkpoint", str(out), "--data", str(REPO.parent / "shared/data/gsm8k/test.jsonl"),
+                            "--limit", "2", "--gen-length", "32", "--num-fewshot", "0", "--no-compile-cache",
+                            "--output", str(tmp_path / "eval")])
+    assert code == 0
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert "dynamic:threshold=0.95" in summary["strategies"] and summary["config"]["block_length"] == 32
+    lm = LocalLeapLM(model=model, compile_cache=False, progress=False, strategy="dynamic:threshold=0.03",
+                     gen_length=16, block_length=8)
+    ctxs = ["Question: Tom has 9 pens.\nAnswer:", "Question: Mia has 3 apples and 4 more.\nAnswer:"]
+    answers = lm.generate_until([Instance("generate_until", {}, (c, {"until": []}), i) for i, c in enumerate(ctxs)])
+    for ctx, answer in zip(ctxs, answers):
+        ids = np.asarray([model.tokenizer.encode(ctx)], np.int32)
+        assert answer == model.tokenizer.decode_generated(ll.generate(model, ids, None, lm.cfg))[0]
