@@ -18,11 +18,20 @@ from typing import Any, Callable, Hashable, NamedTuple
 import jax
 import numpy as np
 
-DEFAULT_DIR = Path(os.environ.get("LOCALLEAP_COMPILE_CACHE", "~/.cache/localleap_jax/xla")).expanduser()
+
+def _default_dir(setting: str) -> Path | None:
+    """`LOCALLEAP_COMPILE_CACHE`: the directory, or "off" (or empty): the commands never turn the cache on."""
+    return None if setting.strip().lower() in ("", "off") else Path(setting).expanduser()
 
 
-def enable_compilation_cache(path: str | Path | None = None) -> Path:
-    """Turn the persistent cache on (idempotent); every compiled program is stored under `path`."""
+DEFAULT_DIR: Path | None = _default_dir(os.environ.get("LOCALLEAP_COMPILE_CACHE", "~/.cache/localleap_jax/xla"))
+
+
+def enable_compilation_cache(path: str | Path | None = None) -> Path | None:
+    """Turn the persistent cache on (idempotent); every compiled program is stored under `path` (None: DEFAULT_DIR;
+    returns None, turning nothing on, when that is off)."""
+    if path is None and DEFAULT_DIR is None:
+        return None
     path = Path(path or DEFAULT_DIR).expanduser()
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))

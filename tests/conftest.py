@@ -8,6 +8,11 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the network
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# JAX's persistent compilation cache stays off here (the adapter and analyze_dynamics turn it on by default): a
+# worker of this suite twice died of a segfault inside XLA's deserialize_executable while reading the shared
+# ~/.cache entry of a likelihood program (once in CI, once locally under load), and after a crashed worker
+# pytest-xdist's loadfile scheduling waits forever. The tests of the cache give it a directory of their own.
+os.environ.setdefault("LOCALLEAP_COMPILE_CACHE", "off")
 # The suite compiles some two hundred small programs and runs each for milliseconds: XLA's CPU backend without
 # its expensive LLVM passes compiles them about a quarter faster (the whole suite: ~15%). It changes speed and,
 # at most, float rounding; every tolerance and token equality here holds under both (checked on
@@ -134,3 +139,22 @@ def lm_eval_env_report_once():
     patch.setattr(collect_env, "get_pretty_env_info", functools.cache(collect_env.get_pretty_env_info))
     yield
     patch.undo()
+
+
+_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_put_back():
+    """A test (or the library code it runs in process) must leave Ctrl-C, SIGTERM and SIGHUP as it found them: a
+    handler left behind changes what every later test in the same worker sees, and what its subprocesses inherit
+    (SIG_IGN). The handlers are put back and the test that changed them errs, naming the signal."""
+    import signal
+
+    before = {name: signal.getsignal(getattr(signal, name)) for name in _SIGNALS}
+    yield
+    changed = {name: signal.getsignal(getattr(signal, name)) for name in _SIGNALS
+               if signal.getsignal(getattr(signal, name)) is not before[name]}
+    for name in changed:
+        signal.signal(getattr(signal, name), before[name])
+    assert not changed, f"the test left signal handlers changed: {changed}"

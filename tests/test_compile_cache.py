@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO
 
 SCRIPT = r"""
@@ -28,3 +30,21 @@ def test_second_process_finds_every_program_in_the_cache(tmp_path):
     second = run()
     assert second.returncode == 0 and second.stdout == first.stdout
     assert listing() == entries  # every program was a cache hit: nothing compiled or rewritten
+
+
+OFF_SCRIPT = r"""
+import jax
+from localleap_jax.compile_cache import DEFAULT_DIR, enable_compilation_cache
+print(DEFAULT_DIR, enable_compilation_cache(), jax.config.jax_compilation_cache_dir)
+"""
+
+
+@pytest.mark.parametrize("setting", ["off", "dir"])
+def test_off_turns_nothing_on_and_a_directory_is_taken(tmp_path, setting):
+    """LOCALLEAP_COMPILE_CACHE=off: the commands' `enable_compilation_cache()` turns nothing on; a directory is
+    the cache's."""
+    value = "off" if setting == "off" else str(tmp_path / "c")
+    r = subprocess.run([sys.executable, "-c", OFF_SCRIPT], cwd=REPO, env={**os.environ, "LOCALLEAP_COMPILE_CACHE": value},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == (["None"] * 3 if setting == "off" else [value] * 3)

@@ -325,14 +325,17 @@ def follow_until_stopped(what: str = "run") -> int:
               "quit now", file=sys.stderr, flush=True)
         signal.signal(signal.SIGINT, second_interrupt)
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, first_interrupt)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, first_interrupt) if main_thread else None
     try:
         status = follow()
     except LostProcessError as e:
         exit_lost(f"process {process_index()}: {e}")
     except Exception as e:  # noqa: BLE001  (this process cannot go on: its end tells process 0)
         exit_lost(f"process {process_index()}: {type(e).__name__}: {first_line(e)}")
+    finally:  # the caller's Ctrl-C as it was (a Python caller, a test: not left saying "follows process 0")
+        if main_thread:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
     if status:
         print(f"stopped: process 0 ended the {what} with exit status {status} (its output says why)",
               file=sys.stderr, flush=True)

@@ -39,6 +39,6 @@ def follow(compile_cache: bool) -> int:
     """A follower's whole evaluation: carry out process 0's generations until it stops (no lm-eval, no
     files). With `compile_cache` it reads the programs process 0 compiled before, where there are any
     (JAX writes entries only from process 0, and a follower creates no directory)."""
-    if compile_cache and DEFAULT_DIR.is_dir():
+    if compile_cache and DEFAULT_DIR is not None and DEFAULT_DIR.is_dir():
         enable_compilation_cache()
     return follow_until_stopped("evaluation")
