@@ -1,7 +1,9 @@
 """DiffusionGemma (families/diffusion_gemma.py) against the installed transformers (`models/diffusion_gemma`):
 config.json in both forms, the encoder's K/V and logits, the decoder's logits (with and without
 self-conditioning, after several encoded canvases), left padding, the sampler's deterministic pieces
-(temperature, entropy-bound acceptance, the stopping criterion, the self-conditioning input), and conversion.
+(temperature, entropy-bound acceptance, the stopping criterion, the self-conditioning input), the compiled decode
+loop with a canvas rule against transformers' generate (its draws supplied), what a canvas rule refuses, and
+conversion.
 
 The reference is a tiny random `DiffusionGemmaForBlockDiffusion` (eager attention) whose every weight, norm,
 router scale and layer scalar is drawn away from its init value (norms around 1, the encoder's layer scalars
@@ -616,7 +618,8 @@ def test_the_compiled_loop_is_transformers_generate(monkeypatch, damped, stabili
     generate with the same draws: the same generated tokens and decoder passes per row, on a left-padded batch
     of 3 whose rows end on EOS at different canvases (or run every canvas), with early stops at different
     passes (stability 0) or none (stability 1: every canvas runs all its passes, re-noising each time). Each row
-    alone (its own program, its own draws) decodes as it does in the batch, and the re-noise draws matter."""
+    alone (its own program, its own draws) and through 2 slots (continuous batching) decodes as it does in the
+    batch, and the re-noise draws matter."""
     import localleap_jax as ll
     from localleap_jax.decode.config import DecodeConfig
 
@@ -646,11 +649,92 @@ def test_the_compiled_loop_is_transformers_generate(monkeypatch, damped, stabili
         alone = ll.generate(model, ids[b:b + 1, keep], None, cfg, jax.random.key(0), canvas_noise=noise[b:b + 1])
         np.testing.assert_array_equal(np.asarray(alone.tokens)[0, keep.sum():], tokens[b])
         assert int(alone.nfe[0]) == passes[b]
+    slotted = ll.generate(model, ids, mask, cfg, jax.random.key(0), canvas_noise=noise, slots=2)  # a slot refilled
+    np.testing.assert_array_equal(np.asarray(slotted.tokens)[:, ids.shape[1]:], tokens)
+    np.testing.assert_array_equal(np.asarray(slotted.nfe), passes)
     # the re-noise draws matter: other re-noise after each pass, other tokens
     other = noise.copy()
     other[:, :, 1:] = np.random.default_rng(32).integers(0, VOCAB, other[:, :, 1:].shape)
     changed = ll.generate(model, ids, mask, cfg, jax.random.key(0), canvas_noise=other)
     assert (np.asarray(changed.tokens)[:, ids.shape[1]:] != tokens).any()
+
+
+def test_localleap_uniform_in_the_loop_is_entropy_bound_without_relaxed_neighbours(damped):
+    """localleap_uniform through the compiled loop (trace on): with relaxed_entropy 0 no neighbour is admitted and
+    it decodes as entropy_bound (tokens, passes, the bound's accepted positions per pass); with a relaxed bound
+    the anchors' neighbours are accepted (clause near_anchor) and the generation changes."""
+    import localleap_jax as ll
+    from localleap_jax.decode.config import DecodeConfig
+
+    _, model = damped
+    B, J, N = 3, 3, 10
+    ids, mask = batch(30, [7, 5, 3], 7)
+    noise = np.random.default_rng(31).integers(0, VOCAB, (B, J, N + 1, C))
+    common = dict(entropy_bound=0.1, t_min=0.05, t_max=0.1, max_denoising_steps=N, stability_threshold=1,
+                  confidence_threshold=0.5, greedy=1)
+
+    def go(rule):
+        out = ll.generate(model, ids, mask, DecodeConfig(strategy=rule, gen_length=J * C, block_length=C),
+                          jax.random.key(0), canvas_noise=noise, trace=True)
+        t = out.trace
+        return np.asarray(out.tokens), np.asarray(out.nfe), {n: t.clause == k + 1 for k, n in enumerate(t.clause_names)}
+
+    tokens, passes, clauses = go(ll.rules.EntropyBound(**common))
+    same = go(ll.rules.LocalLeapUniform(**common, relaxed_entropy=0.0))
+    np.testing.assert_array_equal(same[0], tokens)
+    np.testing.assert_array_equal(same[1], passes)
+    np.testing.assert_array_equal(same[2]["bound"], clauses["bound"])
+    assert not same[2]["near_anchor"].any() and clauses["bound"].sum() > B * J
+    relaxed = go(ll.rules.LocalLeapUniform(**common, anchor_entropy=0.5, relaxed_entropy=2.0, radius=2))
+    assert relaxed[2]["near_anchor"].sum() > 0 and (relaxed[0] != tokens).any()
+
+
+@pytest.mark.parametrize("case, words", [
+    ("masked model, canvas rule", "entropy_bound is a canvas rule, for a uniform-noise canvas model"),
+    ("canvas model, masked rule", "this model decodes uniform-noise canvases (no mask token): use a canvas rule"),
+    ("cache", "cache='prefix': a canvas rule keeps its model's encoder K/V"),
+    ("mesh and noise", "canvas_noise runs on one device (no mesh or devices)"),
+    ("devices and noise", "canvas_noise runs on one device (no mesh or devices)"),
+    ("noise shape", "canvas_noise must be token ids [batch, canvases, max_denoising_steps + 1, block_length] = "
+                    "[3, 2, 5, 8]; got int64 [3, 2, 2, 8]"),
+    ("noise ids", "canvas_noise holds ids outside [0, 300)"),
+    ("block length", "block_length must be 8, got 4"),
+    ("temperature", "temperature=0.5: entropy_bound samples at its own schedule"),
+    ("no rng", "entropy_bound draws its canvases' noise and samples: pass rng="),
+])
+def test_what_a_canvas_rule_cannot_take_is_refused_in_one_line(damped, case, words):
+    import localleap_jax as ll
+    from localleap_jax.decode.config import DecodeConfig
+
+    from stubs import config as masked_config
+
+    _, model = damped
+    ids, mask = batch(30, [7, 5, 3], 7)
+    noise = np.random.default_rng(31).integers(0, VOCAB, (3, 2, 5, C))
+    eb = ll.rules.EntropyBound(max_denoising_steps=4)
+    cfg = DecodeConfig(strategy=eb, gen_length=2 * C, block_length=C)
+    key = jax.random.key(0)
+    run = {
+        "masked model, canvas rule": lambda: cfg.validate(masked_config()),
+        "canvas model, masked rule": lambda: ll.generate(model, ids, mask, DecodeConfig(gen_length=2 * C,
+                                                                                       block_length=C)),
+        "cache": lambda: ll.generate(model, ids, mask, DecodeConfig(strategy=eb, gen_length=2 * C, block_length=C,
+                                                                    cache="prefix"), key),
+        "mesh and noise": lambda: ll.generate(model, ids, mask, cfg, key, canvas_noise=noise,
+                                              mesh=jax.make_mesh((1, 1), ("data", "model"))),
+        "devices and noise": lambda: ll.generate(model, ids, mask, cfg, key, canvas_noise=noise,
+                                                 devices=jax.devices()[:1] * 2),
+        "noise shape": lambda: ll.generate(model, ids, mask, cfg, key, canvas_noise=noise[:, :, :2]),
+        "noise ids": lambda: ll.generate(model, ids, mask, cfg, key, canvas_noise=noise + VOCAB),
+        "block length": lambda: ll.generate(model, ids, mask, DecodeConfig(strategy=eb, gen_length=2 * C,
+                                                                           block_length=C // 2), key),
+        "temperature": lambda: ll.generate(model, ids, mask, DecodeConfig(strategy=eb, gen_length=2 * C,
+                                                                          block_length=C, temperature=0.5), key),
+        "no rng": lambda: ll.generate(model, ids, mask, cfg),
+    }[case]
+    with pytest.raises(DecodeError) as e:
+        run()
+    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 # ---------------------------------------------------------------- conversion and loading
