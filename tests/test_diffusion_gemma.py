@@ -689,6 +689,18 @@ def test_localleap_uniform_in_the_loop_is_entropy_bound_without_relaxed_neighbou
     assert relaxed[2]["near_anchor"].sum() > 0 and (relaxed[0] != tokens).any()
 
 
+def test_a_canvas_rules_answers_depend_on_the_seed_and_the_batch():
+    """A canvas rule draws (its noise) with greedy sampling: an answer cache's key counts the seed, and the batch (a
+    row's draws follow its place in it), as for sampling at temperature > 0."""
+    import localleap_jax as ll
+    from localleap_jax.decode.config import DecodeConfig
+    from localleap_jax.lm_eval.identity import rows_interact
+
+    canvas = DecodeConfig(strategy=ll.rules.EntropyBound(greedy=1), gen_length=2 * C, block_length=C)
+    assert canvas.draws and rows_interact(canvas)
+    assert not rows_interact(DecodeConfig(gen_length=2 * C, block_length=C))
+
+
 @pytest.mark.parametrize("case, words", [
     ("masked model, canvas rule", "entropy_bound is a canvas rule, for a uniform-noise canvas model"),
     ("canvas model, masked rule", "this model decodes uniform-noise canvases (no mask token): use a canvas rule"),
