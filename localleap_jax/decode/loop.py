@@ -3,7 +3,8 @@
     out = decode_loop(denoiser, ids, mask, rng, rule, loop=settings, special=special_ids)
 
 The body is the step (`step.denoise_step`: the region's hidden states -> prediction/confidence -> rule ->
-commits and remasks) between the pieces `settings` holds: the cache policy (what the pass computes and keeps), the
+commits and remasks; a canvas rule's `step.canvas_step`: accepted positions, the rest re-noised from the pass's
+draws, `draws.canvas_draws`) between the pieces `settings` holds: the cache policy (what the pass computes and keeps), the
 recorder (what is written down), the stop policy (early stop). The loop itself only does the bookkeeping
 that every generation shares: per row, a full block moves the row to its next block (or ends it: last block,
 or the stop policy) and resets its rule state; NFE counts the passes in which a row was still working.
