@@ -37,15 +37,17 @@ def load(path, dtype="bfloat16", verify: bool = True, mesh=None) -> Model:
 
 
 def generate(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,
-             trace: bool = False, mesh=None, devices=None, slots: int | None = None) -> Generation:
+             trace: bool = False, mesh=None, devices=None, slots: int | None = None, canvas_noise=None) -> Generation:
     """Decode a batch of left-padded prompts (ids [B, Lp], mask [B, Lp]) with one compiled loop.
 
     `model`: an `ll.Model` (or anything with `config`, `denoiser` and `special`). `trace=True` also returns
     `out.trace` (localleap_jax.trace). `mesh` runs on a (data, model) mesh; `devices`, a list of local
     devices, splits the batch over them (pmap). `slots=S` (continuous batching): the loop holds S rows and a
     finished row's slot takes the next prompt, so N > S prompts run in one program, outputs in prompt order
-    (`localleap_jax.decode.slots`). See `localleap_jax.decode.run.generate` for the costs."""
-    return run(model, ids, mask, cfg, rng, placement=decode_placement(mesh, devices), trace=trace, slots=slots)
+    (`localleap_jax.decode.slots`). `canvas_noise` [B, J, N + 1, C]: a canvas rule's uniform draws, supplied
+    (one device; `localleap_jax.decode.draws`). See `localleap_jax.decode.run.generate` for the costs."""
+    return run(model, ids, mask, cfg, rng, placement=decode_placement(mesh, devices), trace=trace, slots=slots,
+               canvas_noise=canvas_noise)
 
 
 def loglikelihood(model, contexts, continuations, lcfg: LikelihoodConfig = LikelihoodConfig(), *, mesh=None,

@@ -48,6 +48,11 @@ class ModelConfig:
     # A family's own settings (a hashable frozen dataclass) for what these fields cannot say: its MoE layers, or a
     # network model.py does not implement (families/<name>.py says what it holds). None: none.
     arch: Any = None
+    # > 0: a uniform-noise canvas model (DiffusionGemma): no mask token; a generation decodes canvases of this many
+    # tokens, each started from uniform noise, with a canvas rule (rules/canvas.py). 0: a masked-diffusion model.
+    canvas_length: int = 0
+    # Every id that ends a row, when config.json lists several (DiffusionGemma); () : eos_token_id alone.
+    eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.family, str) or not self.family:
@@ -60,6 +65,8 @@ class ModelConfig:
             raise ConfigError(f"head_dim must be positive, got {self.explicit_head_dim}")
         if self.block_size < 0:
             raise ConfigError(f"block_size must be >= 0 (0: bidirectional), got {self.block_size}")
+        if self.canvas_length < 0:
+            raise ConfigError(f"canvas_length must be >= 0 (0: a masked-diffusion model), got {self.canvas_length}")
         if self.logits_shift not in (0, 1):
             raise ConfigError(f"logits_shift must be 0 or 1, got {self.logits_shift}")
         if self.explicit_head_dim is None and self.d_model % self.n_heads:
@@ -75,6 +82,9 @@ class ModelConfig:
         for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
             if not 0 <= getattr(self, name) < self.vocab_size:
                 raise ConfigError(f"{name}={getattr(self, name)} is outside the vocabulary (vocab_size={self.vocab_size})")
+        for t in self.eos_token_ids:
+            if not 0 <= t < self.vocab_size:
+                raise ConfigError(f"eos_token_ids holds {t}, outside the vocabulary (vocab_size={self.vocab_size})")
         for name, why in (("eos_token_id", "a generated end of text would read as a position still to generate"),
                           ("pad_token_id", "padding would read as positions to generate")):
             if getattr(self, name) == self.mask_token_id:  # eos == pad is fine (LLaDA pads with EOS)
@@ -84,6 +94,11 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.explicit_head_dim or self.d_model // self.n_heads
+
+    @property
+    def end_ids(self) -> tuple[int, ...]:
+        """The ids that end a row: eos_token_ids, or eos_token_id alone."""
+        return self.eos_token_ids or (self.eos_token_id,)
 
     @property
     def block_causal(self) -> bool:

@@ -16,6 +16,9 @@ model family only has to provide a denoiser:
 
 `shift` is 1 when position i is predicted from the hidden state at i - 1 (Dream), else 0. A denoiser
 is a pytree (its arrays are inputs of the compiled program, not constants baked into it).
+
+A uniform-noise canvas model (DiffusionGemma) is a `CanvasDenoiser` instead: an encoder into a K/V cache and a
+decoder over one canvas (decoded by a canvas rule, with the loop's encoder cache policy).
 """
 
 from __future__ import annotations
@@ -68,6 +71,41 @@ class Denoiser(Protocol):
 
     def probe(self, x: Int[Array, "B L"], positions: Int[Array, "B L"], key_mask: Bool[Array, "B L"],
               idx: Int[Array, "B T"], mask_id: int) -> tuple[Float[Array, "B L D"], Float[Array, "B T D"]]: ...
+
+
+class CanvasDenoiser(Protocol):
+    """A uniform-noise canvas model as the decode loop sees it (DiffusionGemma: `families/diffusion_gemma.py`): an
+    encoder that appends finished text to a static-shape K/V cache, a decoder that denoises a canvas after what the
+    cache holds, and the self-conditioning input that carries one pass's distribution to the next.
+
+        cache = empty_cache(batch, length)
+        cache = encode(cache, ids [B, T], mask [B, T], rows [B] | None)   # T more slots per row (rows: only those)
+        cache = restart(cache, rows)                                        # rows emptied (a slot's next prompt)
+        hidden = decode(cache, canvas [B, C], soft [B, C, D])               # soft: no_soft(B, C) on a first pass
+        logits = head(hidden)                                               # [B, C, V] fp32
+        soft = soft_embedding(scaled_logits [B, C, V])                      # the next pass's self-conditioning
+        check_prompt(ids)                                                   # refuse on the host what it cannot take
+    """
+
+    shift: int
+    vocab: int  # uniform draws are ids in [0, vocab)
+
+    def empty_cache(self, batch: int, length: int) -> Any: ...
+
+    def encode(self, cache: Any, ids: Int[Array, "B T"], mask: Bool[Array, "B T"],
+               rows: Bool[Array, "B"] | None = None) -> Any: ...
+
+    def restart(self, cache: Any, rows: Bool[Array, "B"]) -> Any: ...
+
+    def decode(self, cache: Any, canvas: Int[Array, "B C"], soft: Float[Array, "B C D"]) -> Float[Array, "B C D"]: ...
+
+    def head(self, hidden: Float[Array, "... D"]) -> Float[Array, "... V"]: ...
+
+    def soft_embedding(self, z: Float[Array, "B C V"]) -> Float[Array, "B C D"]: ...
+
+    def no_soft(self, batch: int, length: int) -> Float[Array, "B C D"]: ...
+
+    def check_prompt(self, ids) -> None: ...
 
 
 def probe_mask(key_mask: Bool[Array, "B L"], idx: Int[Array, "B T"]) -> Bool[Array, "B L+T L+T"]:

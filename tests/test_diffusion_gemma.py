@@ -1,7 +1,9 @@
 """DiffusionGemma (families/diffusion_gemma.py) against the installed transformers (`models/diffusion_gemma`):
 config.json in both forms, the encoder's K/V and logits, the decoder's logits (with and without
 self-conditioning, after several encoded canvases), left padding, the sampler's deterministic pieces
-(temperature, entropy-bound acceptance, the stopping criterion, the self-conditioning input), and conversion.
+(temperature, entropy-bound acceptance, the stopping criterion, the self-conditioning input), the compiled decode
+loop with a canvas rule against transformers' generate (its draws supplied), what a canvas rule refuses, and
+conversion.
 
 The reference is a tiny random `DiffusionGemmaForBlockDiffusion` (eager attention) whose every weight, norm,
 router scale and layer scalar is drawn away from its init value (norms around 1, the encoder's layer scalars
@@ -134,7 +136,7 @@ def test_both_config_forms_read_alike_and_as_transformers_reads_them():
     arch = a.arch
     assert arch.layer_types == ("sliding", "full", "sliding", "sliding", "full")
     assert (arch.global_head_dim, arch.global_kv_heads, a.head_dim, a.n_kv_heads) == (16, 1, 8, 2)
-    assert arch.canvas_length == C and arch.sliding_window == W and arch.logit_softcap == 30.0
+    assert a.canvas_length == C and arch.sliding_window == W and arch.logit_softcap == 30.0
     assert arch.global_rotary == dg.Rotary("proportional", 1e6, 0.25) and arch.sliding_rotary.theta == 1e4
     # transformers reads the released form into the same per-layer sizes
     hf = DiffusionGemmaConfig(**{k: v for k, v in released.items() if k not in ("architectures", "model_type")})
@@ -399,6 +401,31 @@ def peaked(argmax: np.ndarray, target: np.ndarray, V: int) -> np.ndarray:
     return z
 
 
+def test_localleap_uniform_accepts_the_bound_and_an_anchors_near_neighbours():
+    """localleap_uniform over per-position entropies: the entropy bound's set (clause 1), plus positions within
+    `radius` of an accepted anchor (entropy <= anchor_entropy) whose entropy is <= relaxed_entropy (clause 2); a
+    row whose lowest entropy is no anchor accepts the bound's set alone, and the tokens are the sample's."""
+    import localleap_jax as ll
+    from localleap_jax.rules.canvas import CanvasSignals
+
+    Cn, V = 12, 40
+    H = np.full((2, Cn), 2.0)
+    H[:, [1, 3, 5, 9]] = [0.8, 0.01, 0.3, 0.3]  # row 0: an anchor at 3; 5 near it, 9 far, 1 near but too uncertain
+    H[1, 3] = 0.2  # row 1: the lowest entropy is no anchor
+    z = jnp.asarray(peaked(np.zeros((2 * Cn, 1), int), H.reshape(-1), V).reshape(2, Cn, V))
+    rule = ll.rules.LocalLeapUniform(entropy_bound=0.005, anchor_entropy=0.1, relaxed_entropy=0.5, radius=2)
+    argmax = jnp.argmax(z, axis=-1)
+    sample = (argmax + 1) % V
+    s = CanvasSignals(logits=z, sample=sample, argmax=argmax, tokens=argmax, step=jnp.zeros((2,), jnp.int32))
+    decision, _ = rule.update(s, rule.init(2, Cn, V))
+    codes = np.asarray(decision.accept)
+    assert {i: rule.clause_names[codes[0, i] - 1] for i in np.flatnonzero(codes[0])} == {3: "bound", 5: "near_anchor"}
+    assert {i: rule.clause_names[codes[1, i] - 1] for i in np.flatnonzero(codes[1])} == {3: "bound"}
+    np.testing.assert_array_equal(np.asarray(decision.tokens), np.asarray(sample))  # greedy = 0: the sample
+    eb = ll.rules.EntropyBound(entropy_bound=0.005)
+    np.testing.assert_array_equal(np.asarray(eb.update(s, eb.init(2, Cn, V))[0].accept) > 0, codes == 1)
+
+
 def test_stop_decisions_are_stable_and_confident_criterions():
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import StableAndConfidentStoppingCriteria
 
@@ -522,6 +549,206 @@ def test_the_pieces_make_transformers_generate(monkeypatch, stability, confidenc
         assert (passes % N == 0).all() and differ > 0
 
 
+# ---------------------------------------------------------------- the compiled loop (ll.generate)
+
+
+def hf_generate(monkeypatch, hf, ids, mask, noise, *, steps, t_min, t_max, bound, stability, confidence, eos, pad):
+    """transformers' generate with `noise` [B, J, steps + 1, C] as its draws (each canvas's initial draw, then the
+    renoise after each pass) and its sample the argmax: (generated tokens [B, J * C], padded with `pad` past where
+    every row ended, decoder passes per row as it counts them)."""
+    from transformers.models.diffusion_gemma import generation_diffusion_gemma as generation
+
+    where, seen = {"canvas": -1, "step": 0}, {}
+    per_forward = generation.DiffusionGemmaGenerationMixin._compute_tokens_per_forward
+
+    def initialize_canvas(self, batch_size, device):  # once per canvas
+        where["canvas"], where["step"] = where["canvas"] + 1, 0
+        return torch.from_numpy(noise[:, where["canvas"], 0])
+
+    def renoise_canvas(self, accepted, cur_step):  # after every pass
+        where["step"] += 1
+        fresh = torch.from_numpy(noise[:, where["canvas"], where["step"]])
+        return torch.where(self.accepted_token_mask, accepted, fresh)
+
+    def counted(input_ids, passes, initial, pad_id):  # the decoder passes per row
+        seen["passes"] = passes.numpy().copy()
+        return per_forward(input_ids, passes, initial, pad_id)
+
+    with monkeypatch.context() as m:
+        m.setattr(generation.EntropyBoundSampler, "initialize_canvas", initialize_canvas)
+        m.setattr(generation.EntropyBoundSampler, "renoise_canvas", renoise_canvas)
+        m.setattr(generation.DiffusionGemmaGenerationMixin, "_compute_tokens_per_forward", staticmethod(counted))
+        m.setattr(torch, "multinomial", lambda probs, num_samples: probs.argmax(-1, keepdim=True))
+        with torch.no_grad():
+            ref = hf.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                              max_new_tokens=noise.shape[1] * C, max_denoising_steps=steps, t_min=t_min, t_max=t_max,
+                              sampler_config=generation.EntropyBoundSamplerConfig(entropy_bound=bound),
+                              stability_threshold=stability, confidence_threshold=confidence, pad_token_id=pad,
+                              eos_token_id=list(eos))
+    tokens = ref.sequences[:, ids.shape[1]:].numpy()
+    tokens = np.pad(tokens, ((0, 0), (0, noise.shape[1] * C - tokens.shape[1])), constant_values=pad)
+    return tokens, seen["passes"]
+
+
+@pytest.fixture(scope="module")
+def damped():
+    """(transformers model, an ll.Model on its weights): `pair`'s model with the self-conditioning MLP damped (at low
+    temperature its feedback multiplies fp32 noise by ~5 a step on random weights, and two correct
+    implementations part ways after a few steps), ending rows on EOS ids 206 and 74 (ids a random canvas holds
+    often enough for rows to end at different canvases)."""
+    import dataclasses
+
+    from localleap_jax.loaded import Model
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    torch.manual_seed(0)
+    hf = randomized(DiffusionGemmaForBlockDiffusion(hf_config()), seed=1)
+    with torch.no_grad():
+        hf.model.decoder.self_conditioning.down_proj.weight.mul_(0.1)
+    config = dataclasses.replace(read_config(hf.config.to_dict()), eos_token_ids=(206, 74))
+    hf.set_attn_implementation("sdpa")  # its generate builds an integer-typed mask under eager attention
+    return hf, Model(config, params_from_state(hf.state_dict(), config), None)
+
+
+@pytest.mark.parametrize("stability, confidence, bound, t_min, t_max", [(0, 0.05, 0.5, 0.01, 0.03),
+                                                                       (1, 0.5, 0.1, 0.05, 0.1)])
+def test_the_compiled_loop_is_transformers_generate(monkeypatch, damped, stability, confidence, bound, t_min,
+                                                    t_max):
+    """ll.generate with the entropy_bound rule (greedy) and the draws supplied (canvas_noise) against transformers'
+    generate with the same draws: the same generated tokens and decoder passes per row, on a left-padded batch
+    of 3 whose rows end on EOS at different canvases (or run every canvas), with early stops at different
+    passes (stability 0) or none (stability 1: every canvas runs all its passes, re-noising each time). Each row
+    alone (its own program, its own draws) and through 2 slots (continuous batching) decodes as it does in the
+    batch, and the re-noise draws matter."""
+    import localleap_jax as ll
+    from localleap_jax.decode.config import DecodeConfig
+
+    hf, model = damped
+    B, J, N = 3, 3, 10
+    ids, mask = batch(30, [7, 5, 3], 7)
+    noise = np.random.default_rng(31).integers(0, VOCAB, (B, J, N + 1, C))
+    settings = dict(steps=N, t_min=t_min, t_max=t_max, bound=bound, stability=stability, confidence=confidence)
+    ref_tokens, ref_passes = hf_generate(monkeypatch, hf, ids, mask, noise, eos=(206, 74), pad=0, **settings)
+
+    rule = ll.rules.EntropyBound(entropy_bound=bound, t_min=t_min, t_max=t_max, max_denoising_steps=N,
+                                 stability_threshold=stability, confidence_threshold=confidence, greedy=1)
+    cfg = DecodeConfig(strategy=rule, gen_length=J * C, block_length=C)
+    out = ll.generate(model, ids, mask, cfg, jax.random.key(0), canvas_noise=noise)
+    tokens, passes = np.asarray(out.tokens)[:, ids.shape[1]:], np.asarray(out.nfe)
+    np.testing.assert_array_equal(tokens, ref_tokens)
+    np.testing.assert_array_equal(passes, ref_passes)
+    # the case happened: rows end on EOS at different canvases, or run every canvas
+    ends = [int(np.argmax(np.isin(t, (206, 74)))) // C if np.isin(t, (206, 74)).any() else J for t in tokens]
+    assert len(set(ends)) >= 2 and min(ends) < J and max(ends) >= 1, ends
+    if stability == 0:  # early stops, at different passes
+        assert len(set(passes.tolist())) == B and (passes % N).any()
+    else:
+        assert (passes % N == 0).all() and passes.max() > N
+    for b in range(B):  # each row alone
+        keep = mask[b]
+        alone = ll.generate(model, ids[b:b + 1, keep], None, cfg, jax.random.key(0), canvas_noise=noise[b:b + 1])
+        np.testing.assert_array_equal(np.asarray(alone.tokens)[0, keep.sum():], tokens[b])
+        assert int(alone.nfe[0]) == passes[b]
+    slotted = ll.generate(model, ids, mask, cfg, jax.random.key(0), canvas_noise=noise, slots=2)  # a slot refilled
+    np.testing.assert_array_equal(np.asarray(slotted.tokens)[:, ids.shape[1]:], tokens)
+    np.testing.assert_array_equal(np.asarray(slotted.nfe), passes)
+    # the re-noise draws matter: other re-noise after each pass, other tokens
+    other = noise.copy()
+    other[:, :, 1:] = np.random.default_rng(32).integers(0, VOCAB, other[:, :, 1:].shape)
+    changed = ll.generate(model, ids, mask, cfg, jax.random.key(0), canvas_noise=other)
+    assert (np.asarray(changed.tokens)[:, ids.shape[1]:] != tokens).any()
+
+
+def test_localleap_uniform_in_the_loop_is_entropy_bound_without_relaxed_neighbours(damped):
+    """localleap_uniform through the compiled loop (trace on): with relaxed_entropy 0 no neighbour is admitted and
+    it decodes as entropy_bound (tokens, passes, the bound's accepted positions per pass); with a relaxed bound
+    the anchors' neighbours are accepted (clause near_anchor) and the generation changes."""
+    import localleap_jax as ll
+    from localleap_jax.decode.config import DecodeConfig
+
+    _, model = damped
+    B, J, N = 3, 3, 10
+    ids, mask = batch(30, [7, 5, 3], 7)
+    noise = np.random.default_rng(31).integers(0, VOCAB, (B, J, N + 1, C))
+    common = dict(entropy_bound=0.1, t_min=0.05, t_max=0.1, max_denoising_steps=N, stability_threshold=1,
+                  confidence_threshold=0.5, greedy=1)
+
+    def go(rule):
+        out = ll.generate(model, ids, mask, DecodeConfig(strategy=rule, gen_length=J * C, block_length=C),
+                          jax.random.key(0), canvas_noise=noise, trace=True)
+        t = out.trace
+        return np.asarray(out.tokens), np.asarray(out.nfe), {n: t.clause == k + 1 for k, n in enumerate(t.clause_names)}
+
+    tokens, passes, clauses = go(ll.rules.EntropyBound(**common))
+    same = go(ll.rules.LocalLeapUniform(**common, relaxed_entropy=0.0))
+    np.testing.assert_array_equal(same[0], tokens)
+    np.testing.assert_array_equal(same[1], passes)
+    np.testing.assert_array_equal(same[2]["bound"], clauses["bound"])
+    assert not same[2]["near_anchor"].any() and clauses["bound"].sum() > B * J
+    relaxed = go(ll.rules.LocalLeapUniform(**common, anchor_entropy=0.5, relaxed_entropy=2.0, radius=2))
+    assert relaxed[2]["near_anchor"].sum() > 0 and (relaxed[0] != tokens).any()
+
+
+def test_a_canvas_rules_answers_depend_on_the_seed_and_the_batch():
+    """A canvas rule draws (its noise) with greedy sampling: an answer cache's key counts the seed, and the batch (a
+    row's draws follow its place in it), as for sampling at temperature > 0."""
+    import localleap_jax as ll
+    from localleap_jax.decode.config import DecodeConfig
+    from localleap_jax.lm_eval.identity import rows_interact
+
+    canvas = DecodeConfig(strategy=ll.rules.EntropyBound(greedy=1), gen_length=2 * C, block_length=C)
+    assert canvas.draws and rows_interact(canvas)
+    assert not rows_interact(DecodeConfig(gen_length=2 * C, block_length=C))
+
+
+@pytest.mark.parametrize("case, words", [
+    ("masked model, canvas rule", "entropy_bound is a canvas rule, for a uniform-noise canvas model"),
+    ("canvas model, masked rule", "this model decodes uniform-noise canvases (no mask token): use a canvas rule"),
+    ("cache", "cache='prefix': a canvas rule keeps its model's encoder K/V"),
+    ("mesh and noise", "canvas_noise runs on one device (no mesh or devices)"),
+    ("devices and noise", "canvas_noise runs on one device (no mesh or devices)"),
+    ("noise shape", "canvas_noise must be token ids [batch, canvases, max_denoising_steps + 1, block_length] = "
+                    "[3, 2, 5, 8]; got int64 [3, 2, 2, 8]"),
+    ("noise ids", "canvas_noise holds ids outside [0, 300)"),
+    ("block length", "block_length must be 8, got 4"),
+    ("temperature", "temperature=0.5: entropy_bound samples at its own schedule"),
+    ("no rng", "entropy_bound draws its canvases' noise and samples: pass rng="),
+])
+def test_what_a_canvas_rule_cannot_take_is_refused_in_one_line(damped, case, words):
+    import localleap_jax as ll
+    from localleap_jax.decode.config import DecodeConfig
+
+    from stubs import config as masked_config
+
+    _, model = damped
+    ids, mask = batch(30, [7, 5, 3], 7)
+    noise = np.random.default_rng(31).integers(0, VOCAB, (3, 2, 5, C))
+    eb = ll.rules.EntropyBound(max_denoising_steps=4)
+    cfg = DecodeConfig(strategy=eb, gen_length=2 * C, block_length=C)
+    key = jax.random.key(0)
+    run = {
+        "masked model, canvas rule": lambda: cfg.validate(masked_config()),
+        "canvas model, masked rule": lambda: ll.generate(model, ids, mask, DecodeConfig(gen_length=2 * C,
+                                                                                       block_length=C)),
+        "cache": lambda: ll.generate(model, ids, mask, DecodeConfig(strategy=eb, gen_length=2 * C, block_length=C,
+                                                                    cache="prefix"), key),
+        "mesh and noise": lambda: ll.generate(model, ids, mask, cfg, key, canvas_noise=noise,
+                                              mesh=jax.make_mesh((1, 1), ("data", "model"))),
+        "devices and noise": lambda: ll.generate(model, ids, mask, cfg, key, canvas_noise=noise,
+                                                 devices=jax.devices()[:1] * 2),
+        "noise shape": lambda: ll.generate(model, ids, mask, cfg, key, canvas_noise=noise[:, :, :2]),
+        "noise ids": lambda: ll.generate(model, ids, mask, cfg, key, canvas_noise=noise + VOCAB),
+        "block length": lambda: ll.generate(model, ids, mask, DecodeConfig(strategy=eb, gen_length=2 * C,
+                                                                           block_length=C // 2), key),
+        "temperature": lambda: ll.generate(model, ids, mask, DecodeConfig(strategy=eb, gen_length=2 * C,
+                                                                          block_length=C, temperature=0.5), key),
+        "no rng": lambda: ll.generate(model, ids, mask, cfg),
+    }[case]
+    with pytest.raises(DecodeError) as e:
+        run()
+    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 # ---------------------------------------------------------------- conversion and loading
 
 
@@ -545,7 +772,7 @@ def test_convert_and_load_round_trip(tmp_path):
     assert any(k.startswith("model.encoder.vision_tower.") for k in stored)
     assert main([str(src), str(out)]) == 0
     m = ll.load(out, dtype="float32")
-    assert m.config.family == "diffusion_gemma" and m.config.arch.canvas_length == C
+    assert m.config.family == "diffusion_gemma" and m.config.canvas_length == C
     assert m.config.mask_token_id == m.tokenizer.hf.convert_tokens_to_ids("<mask>")
     assert json.loads((out / "manifest.json").read_text())["family"] == "diffusion_gemma"
     ids, mask = batch(23, [9, 6], 9)

@@ -331,6 +331,8 @@ def test_the_table_reaches_every_clause_of_every_rule():
             continue
         if ll.rule(name).edit_names:  # rules that edit: test_joint_threshold.py, against SGLang's loop
             continue
+        if ll.rule(name).canvas:  # canvas rules (no masks): test_diffusion_gemma.py, against transformers' sampler
+            continue
         for clause in ll.rule(name).clause_names:
             assert (name, clause) in reached, (name, clause)
 

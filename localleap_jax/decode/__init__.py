@@ -2,9 +2,12 @@
 
   config    DecodeConfig (what is asked, validated before compiling) and its compile-time LoopSettings
   canvas    the canvas layout [prompt | blocks] and row-wise helpers
-  step      one denoising step: head -> prediction/confidence -> rule -> commits (the rule contract kept)
-  cache     cache policies (none, prefix, dual): what each pass computes and keeps
-  stop      stop policies (never, EOS early stop)
+  step      one denoising step: head -> prediction/confidence -> rule -> commits (the rule contract kept); a
+            canvas rule's pass (`canvas_step`: accepted positions, the rest re-noised)
+  cache     cache policies (none, prefix, dual, block, subblock; encoder: a uniform-noise canvas model's):
+            what each pass computes and keeps
+  draws     a canvas rule's random draws (the canvases' noise, the sample's key), or those supplied
+  stop      stop policies (never, EOS early stop; a canvas model's rows ending on EOS)
   recorder  recorders (none, trace buffers)
   loop      decode_loop: the one while_loop, the step between the pieces' calls
   run       inputs checked and bucketed, one compile per program, Generation; the single-device runner

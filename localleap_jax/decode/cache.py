@@ -19,6 +19,9 @@ None). A new mode is a new policy object here; the loop never branches on which 
           (Fast-dLLM v2) the store is a pass of its own, which also yields the next block's first token.
   subblock  Fast-dLLM v2's approximate sub-block cache: as block, but a pass inside a sub-block whose first
           position is decoded runs only the sub-block over the block's stale K/V (decided per row).
+  encoder   a uniform-noise canvas model's (DiffusionGemma): the encoder's exact K/V of the prompt and each
+          finished canvas (encoded by the row's first pass in the next canvas); the decoder runs the canvas alone,
+          with the self-conditioning input the policy carries from pass to pass (`carry`).
 
 With Fast-dLLM's caches (prefix, dual) the rows advance through blocks together (`advances`), so one
 full-canvas refresh per block serves the whole batch. The cost: a row that fills its block early waits (no commits, no NFE) while
@@ -342,10 +345,73 @@ class ProbedNoCache(NoCache):
         return Hidden(h_block, h_region, (), held_out)
 
 
+class CanvasCacheState(NamedTuple):
+    encoder: Any  # the denoiser's encoder cache: prompt and finished canvases, a static-shape K/V buffer per row
+    soft: Float[Array, "B C D"]  # each row's self-conditioning input for its next pass (no_soft on a canvas's first)
+    encoded: Int[Array, "B"]  # canvases each row has encoded (its K/V holds its prompt and these)
+
+
+@dataclasses.dataclass(frozen=True)
+class CanvasEncoderCache:
+    """A uniform-noise canvas model's cache (DiffusionGemma, a `CanvasDenoiser`; the one policy of a canvas rule).
+
+    The encoder's K/V of each row's prompt (encoded once, by `init`) and of its finished canvases, in a buffer of
+    static shape; the decoder runs the row's current canvas over it. A row's first pass in a canvas after its first
+    also encodes its finished canvas (the argmax canvas the loop kept) before the decoder runs: those passes run the
+    encoder over the batch, for the rows that start (a `lax.cond`: passes where no row starts run the decoder
+    alone). Beside the K/V the policy keeps each row's self-conditioning input: after a pass, `carry` makes it from
+    the pass's temperature-scaled logits (none for a row whose canvas just finished: its next pass starts one).
+    Rows advance on their own."""
+
+    name: ClassVar[str] = "encoder"
+    rows_together: ClassVar[bool] = False
+
+    def init(self, denoiser, canvas):
+        B, P = canvas.batch, canvas.prompt_length
+        encoder = denoiser.encode(denoiser.empty_cache(B, canvas.length), canvas.x0[:, :P], canvas.key_mask[:, :P])
+        return CanvasCacheState(encoder, denoiser.no_soft(B, canvas.block_length), jnp.zeros((B,), jnp.int32))
+
+    def refill(self, denoiser, canvas, state, rows):
+        def prefill(st: CanvasCacheState):  # the new prompts, encoded into the slots that take them only
+            P = canvas.prompt_length
+            encoder = denoiser.encode(denoiser.restart(st.encoder, rows), canvas.x0[:, :P], canvas.key_mask[:, :P],
+                                      rows)
+            soft = jnp.where(rows[:, None, None], denoiser.no_soft(canvas.batch, canvas.block_length), st.soft)
+            return CanvasCacheState(encoder, soft, jnp.where(rows, 0, st.encoded))
+        return jax.lax.cond(jnp.any(rows), prefill, lambda st: st, state)
+
+    def advances(self, done, block_full):
+        return block_full & ~done, block_full
+
+    def refreshes(self, done, starting, block):
+        return jnp.any(~done & starting & (block > 0))  # some row starts a canvas after its first: encode first
+
+    def forward(self, denoiser, canvas, x, block, state, refresh, want_region, done):
+        T = canvas.block_length
+        current = (block.starts - canvas.first_start) // T  # each row's canvas index
+
+        def encode_finished(st: CanvasCacheState):
+            rows = ~done & (st.encoded < current)
+            kept = rows_take(x, block.idx - T)  # the canvas before: what the loop kept of it
+            encoder = denoiser.encode(st.encoder, kept, jnp.ones(kept.shape, bool), rows)
+            return st._replace(encoder=encoder, encoded=jnp.where(rows, st.encoded + 1, st.encoded))
+
+        state = jax.lax.cond(refresh, encode_finished, lambda st: st, state)
+        return Hidden(denoiser.decode(state.encoder, block.tokens, state.soft), None, state)
+
+    def carry(self, denoiser, state: CanvasCacheState, scaled: Float[Array, "B C V"], finished: Bool[Array, "B"]
+              ) -> CanvasCacheState:
+        """The state for the next pass: each row's self-conditioning input from this pass's temperature-scaled
+        logits, none where the row's canvas just finished."""
+        soft = jnp.where(finished[:, None, None], jnp.zeros((), state.soft.dtype), denoiser.soft_embedding(scaled))
+        return state._replace(soft=soft.astype(state.soft.dtype))
+
+
 CACHE_POLICIES: dict[str, CachePolicy] = {p.name: p for p in (NoCache(), PrefixCache(), DualCache(), BlockCache(),
-                                                               SubBlockCache())}
+                                                               SubBlockCache(), CanvasEncoderCache())}
 # The modes that fit each kind of attention: Fast-dLLM's caches approximate a bidirectional model; the block
 # cache is exact only where attention is block-causal (and there "none" recomputes the same K/V every pass).
 BIDIRECTIONAL_CACHES = ("none", "prefix", "dual")
 BLOCK_CAUSAL_CACHES = ("block", "subblock", "none")
+CANVAS_CACHES = ("encoder",)  # a uniform-noise canvas model's (DiffusionGemma): its encoder's K/V
 CACHE_MODES = tuple(CACHE_POLICIES)

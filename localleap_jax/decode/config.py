@@ -16,12 +16,12 @@ import numpy as np
 
 from localleap_jax import rules
 from localleap_jax.decode.cache import (BIDIRECTIONAL_CACHES, BLOCK_CAUSAL_CACHES, CACHE_MODES, CACHE_POLICIES,
-                                       ProbedNoCache, SubBlockCache)
+                                       CANVAS_CACHES, ProbedNoCache, SubBlockCache)
 from localleap_jax.decode.canvas import grid_tail
 from localleap_jax.decode.loop import LoopSettings
 from localleap_jax.decode.recorder import NoRecorder, TraceRecorder
 from localleap_jax.decode.step import Scoring
-from localleap_jax.decode.stop import NeverStop, StopAtEos
+from localleap_jax.decode.stop import EndAtEos, NeverStop, StopAtEos
 from localleap_jax.families import FAMILIES
 from localleap_jax.rules import DecodeError, RuleTraits
 from localleap_jax.rules.registry import value_to_json
@@ -39,8 +39,9 @@ class DecodeConfig:
     early_stop: bool = False  # a finished block holding EOS fills the rest with EOS and ends the row
     logits_eos_inf: bool = False  # LLaDA switch: never predict EOS
     confidence_eos_eot_inf: bool = False  # LLaDA switch: EOS/EOT predictions get confidence 0 (commit last)
-    # "auto": the exact "block" cache for a block-diffusion model (SDAR), "none" for a bidirectional one;
-    # "prefix" | "dual": Fast-dLLM's approximate KV caches (bidirectional models). See decode/cache.py.
+    # "auto": the exact "block" cache for a block-diffusion model (SDAR), "encoder" for a uniform-noise canvas model
+    # (DiffusionGemma), "none" for a bidirectional one; "prefix" | "dual": Fast-dLLM's approximate KV caches
+    # (bidirectional models). See decode/cache.py.
     cache: str = "auto"
     prompt_bucket: int = 64  # prompts are left-padded to a multiple of this, to bound recompiles
     # The loop's bound on forward passes. None: the rule's own (`rule.pass_bound`): gen_length for a rule that only
@@ -87,10 +88,17 @@ class DecodeConfig:
         at construction."""
         return self._traits
 
+    @property
+    def draws(self) -> bool:
+        """Whether a generation draws random numbers (it needs an rng): sampling, or a canvas rule (its noise)."""
+        return self.temperature > 0 or self.traits.canvas
+
     def cache_mode(self, model=None) -> str:
         """The cache policy's name for a model (a ModelConfig, or None: not known yet)."""
         if self.cache != "auto":
             return self.cache
+        if self.traits.canvas or model is not None and model.canvas_length:
+            return "encoder"
         return "block" if model is not None and model.block_causal else "none"
 
     def validate(self, model=None, *, canvas: bool = True) -> "DecodeConfig":
@@ -116,6 +124,7 @@ class DecodeConfig:
             bad(f"unknown cache {self.cache!r}; choose from auto, {', '.join(CACHE_MODES)}")
         if self.gen_length <= 0 or self.block_length <= 0:
             bad(f"gen_length ({self.gen_length}) and block_length ({self.block_length}) must be positive")
+        self._check_canvas(model, canvas)
         if grid:
             if self.block_length != model.block_size and not model.flexible_block:
                 bad(f"this block-diffusion model attends in blocks of {model.block_size} (config.json block_size): "
@@ -124,7 +133,7 @@ class DecodeConfig:
             if self.cache_mode(model) not in BLOCK_CAUSAL_CACHES:
                 bad(f"cache={self.cache!r} approximates a bidirectional model's K/V; a block-diffusion model's are "
                     "exact: use cache='block' (what 'auto' picks) or 'none'")
-        else:
+        elif not self.traits.canvas:  # a canvas rule's canvas is checked by _check_canvas
             if model is not None and self.cache_mode(model) not in BIDIRECTIONAL_CACHES:
                 bad(f"cache={self.cache!r} needs a block-diffusion model (block-causal attention); this one is "
                     f"bidirectional: use {', '.join(BIDIRECTIONAL_CACHES)}")
@@ -143,6 +152,39 @@ class DecodeConfig:
         self.rule.validate(*shape)
         self._check_traits(model, grid, canvas)
         return self
+
+    def _check_canvas(self, model, canvas: bool) -> None:
+        """A canvas rule goes with a uniform-noise canvas model (DiffusionGemma) and the other rules with the
+        masked ones; what a canvas rule's generation cannot take is refused (one line each)."""
+        name, canvas_model = self.rule.name, model is not None and model.canvas_length > 0
+        if not self.traits.canvas:
+            if canvas_model:
+                raise DecodeError(f"this model decodes uniform-noise canvases (no mask token): use a canvas rule "
+                                  f"(entropy_bound, localleap_uniform), not {name}")
+            if self.cache == "encoder":
+                raise DecodeError("cache='encoder' is a uniform-noise canvas model's (DiffusionGemma) with a canvas "
+                                  f"rule; {name} decodes masks: use {', '.join(BIDIRECTIONAL_CACHES + ('block',))}")
+            return
+        if model is not None and not canvas_model:
+            raise DecodeError(f"{name} is a canvas rule, for a uniform-noise canvas model (DiffusionGemma); this model "
+                              "decodes masks: use a masked rule (threshold, localleap, ...)")
+        if self.cache not in ("auto",) + CANVAS_CACHES:
+            raise DecodeError(f"cache={self.cache!r}: a canvas rule keeps its model's encoder K/V (cache 'encoder', "
+                              "what 'auto' picks)")
+        if self.temperature:
+            raise DecodeError(f"temperature={self.temperature}: {name} samples at its own schedule (t_min, t_max); "
+                              "leave DecodeConfig.temperature at 0")
+        if self.early_stop or self.logits_eos_inf or self.confidence_eos_eot_inf:
+            raise DecodeError(f"{name}: early_stop, logits_eos_inf and confidence_eos_eot_inf are the masked loop's "
+                              "switches; a canvas model's rows always end on EOS")
+        if self.sub_block_length is not None:
+            raise DecodeError(f"sub_block_length={self.sub_block_length}: a canvas rule decodes whole canvases")
+        if canvas and self.gen_length % self.block_length:
+            raise DecodeError(f"gen_length={self.gen_length} is not a multiple of block_length={self.block_length} "
+                              "(the canvases)")
+        if canvas_model and self.block_length != model.canvas_length:
+            raise DecodeError(f"this model denoises canvases of {model.canvas_length} tokens (config.json "
+                              f"canvas_length): block_length must be {model.canvas_length}, got {self.block_length}")
 
     def sub_blocks(self, model=None) -> int:
         """The sub-block length the rule commits in (0: none, the block is the rule's): sub_block_length, or the
@@ -214,18 +256,23 @@ class DecodeConfig:
     def loop_settings(self, trace: bool = False, model=None) -> LoopSettings:
         """The compile-time part, assembled: the canvas, how logits are scored, the rule's traits and the loop's
         pieces (for `model`, a ModelConfig: its attention decides the block grid and what cache "auto" means).
-        The cache policy is chosen here and only here: the probed pass when the rule probes, else the cache mode's."""
+        The cache policy is chosen here and only here: the probed pass when the rule probes, else the cache mode's
+        (a canvas rule's: the encoder cache; its rows end on the model's EOS ids)."""
         S = self.sub_blocks(model)
         S = S if 0 < S < self.block_length else 0
         mode = self.cache_mode(model)
         cache = (ProbedNoCache() if self.traits.probes else SubBlockCache(S) if mode == "subblock"
                  else CACHE_POLICIES[mode])
         grid = bool(model is not None and model.block_causal)
+        if self.traits.canvas and model is None:
+            raise DecodeError(f"{self.rule.name} is a canvas rule: its loop needs the model (its EOS ids)")
+        stop = (EndAtEos(model.end_ids, model.pad_token_id) if self.traits.canvas
+                else StopAtEos() if self.early_stop else NeverStop())
         return LoopSettings(
             self.gen_length, self.block_length,
             Scoring(float(self.temperature), bool(self.logits_eos_inf), bool(self.confidence_eos_eot_inf)),
             cache=cache,
-            stop=StopAtEos() if self.early_stop else NeverStop(),
+            stop=stop,
             recorder=TraceRecorder() if trace else NoRecorder(),
             block_grid=grid,
             max_passes=self.pass_bound(model),

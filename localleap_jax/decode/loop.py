@@ -3,7 +3,8 @@
     out = decode_loop(denoiser, ids, mask, rng, rule, loop=settings, special=special_ids)
 
 The body is the step (`step.denoise_step`: the region's hidden states -> prediction/confidence -> rule ->
-commits and remasks) between the pieces `settings` holds: the cache policy (what the pass computes and keeps), the
+commits and remasks; a canvas rule's `step.canvas_step`: accepted positions, the rest re-noised from the pass's
+draws, `draws.canvas_draws`) between the pieces `settings` holds: the cache policy (what the pass computes and keeps), the
 recorder (what is written down), the stop policy (early stop). The loop itself only does the bookkeeping
 that every generation shares: per row, a full block moves the row to its next block (or ends it: last block,
 or the stop policy) and resets its rule state; NFE counts the passes in which a row was still working.
@@ -23,8 +24,9 @@ from jaxtyping import Array, Bool, Float, Int
 
 from localleap_jax.decode.cache import CachePolicy
 from localleap_jax.decode.canvas import Block, Canvas, Region, rows_take, rows_where
+from localleap_jax.decode.draws import canvas_draws
 from localleap_jax.decode.recorder import Recorder
-from localleap_jax.decode.step import Scoring, StepResult, denoise_step
+from localleap_jax.decode.step import Scoring, StepResult, canvas_step, denoise_step
 from localleap_jax.decode.stop import StopPolicy
 from localleap_jax.denoiser import Denoiser, SpecialIds
 from localleap_jax.rules import RuleTraits, run_init
@@ -81,6 +83,8 @@ class Pass(NamedTuple):
     canvas: Canvas  # the rows' layout (a fixed batch: built once; slots: the prompts the slots hold now)
     rule: Any  # the rule with one value per row in every setting
     rule_state0: Any  # a fresh rule state for every row (a row entering a block restarts from it)
+    noise: Any = None  # a canvas rule's supplied uniform draws [prompts, J, N + 1, C] (decode/draws.py); None: drawn
+    prompt: Any = None  # [B] each row's prompt index (a canvas rule's draws); None: its row in the batch
 
 
 def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | None, *, loop: LoopSettings,
@@ -94,6 +98,14 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     G, T = loop.gen_length, loop.block_length
     region_kind = loop.traits.region  # static: what the rule sees and changes
     block = canvas.block(state.x, state.block)
+    draws = None
+    if loop.traits.canvas:  # a uniform-noise canvas: a working row starting one takes its first draw
+        prompt = jnp.arange(B) if at.prompt is None else at.prompt
+        draws = canvas_draws(rng, prompt, state.nfe, at.noise, state.block, state.step_in_block,
+                             vocab=denoiser.vocab, length=T)
+        first = jnp.where((~state.done & (state.step_in_block == 0))[:, None], draws.initial, block.tokens)
+        state = state._replace(x=state.x.at[jnp.arange(B)[:, None], block.idx].set(first))
+        block = block._replace(tokens=first)
     region = canvas.region(state.x, block, region_kind)
     free = free_pass(state, block, canvas, special) if loop.free_tokens else None
     starting = state.step_in_block == 0 if free is None else free
@@ -104,17 +116,26 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     R = loop.sub_block_length or T  # the rule's block: the block, or its current sub-block
     if loop.sub_block_length:
         region, h_region = current_sub_block(block, hidden.block, R, special.mask)
-    key = None if rng is None else jax.random.fold_in(rng, state.passes)
-    step = denoise_step(denoiser.head, h_region, region.tokens, state.done, state.step_in_block, rule,
-                        state.rule_state, scoring=loop.scoring, special=special, key=key, gen_length=G,
-                        block_length=R, num_blocks=canvas.row_blocks * (T // R), valid=region.valid,
-                        held_out=hidden.held_out, traits=loop.traits, idx=region.idx,
-                        prompt_length=canvas.prompt_length)
+    if draws is not None:
+        step = canvas_step(denoiser.head, h_region, region.tokens, state.done, state.step_in_block, rule,
+                           state.rule_state, draws=draws)
+        # what the next pass needs of this one (the self-conditioning input)
+        hidden = hidden._replace(cache=loop.cache.carry(denoiser, hidden.cache, step.scaled, step.finished))
+    else:
+        key = None if rng is None else jax.random.fold_in(rng, state.passes)
+        step = denoise_step(denoiser.head, h_region, region.tokens, state.done, state.step_in_block, rule,
+                            state.rule_state, scoring=loop.scoring, special=special, key=key, gen_length=G,
+                            block_length=R, num_blocks=canvas.row_blocks * (T // R), valid=region.valid,
+                            held_out=hidden.held_out, traits=loop.traits, idx=region.idx,
+                            prompt_length=canvas.prompt_length)
     if free is not None:
         step = commit_free_tokens(step, free, region.tokens, state.rule_state, forced=len(rule.clause_names) + 1)
     x = state.x.at[jnp.arange(B)[:, None], region.idx].set(step.tokens)
 
-    if loop.sub_block_length:  # the region is a sub-block: the block ends when none of its own is masked
+    if loop.traits.canvas:  # a canvas has no masks: it ends when its rule says (its stop, or its last pass)
+        block_full = step.finished
+        block_now = block._replace(tokens=step.tokens)
+    elif loop.sub_block_length:  # the region is a sub-block: the block ends when none of its own is masked
         block_now = block._replace(tokens=rows_take(x, block.idx))
         block_full = ~jnp.any(block_now.tokens == special.mask, axis=1)
     elif region.valid is None:  # the block is the region
@@ -123,8 +144,8 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     else:  # the block ends when nothing up to its end is masked
         block_full = ~jnp.any((step.tokens == special.mask) & region.valid, axis=1)
         block_now = block._replace(tokens=rows_take(x, block.idx))
-    if step.finished is not None:  # a rule that ends its own blocks: on the pass it says so, once no mask is left
-        block_full &= step.finished
+    if step.finished is not None and not loop.traits.canvas:  # a rule that ends its own blocks: on the pass it
+        block_full &= step.finished  # says so, once no mask is left
     last_block = state.block == canvas.row_blocks - 1
     decoded = block.idx >= canvas.prompt_length  # the prompt's tail in a grid row's first block is not decoded
     if loop.free_tokens:  # nor is a free token (a block's first position, after the prompt)
@@ -193,8 +214,10 @@ def commit_free_tokens(step: StepResult, free: Bool[Array, "B"], tokens: Int[Arr
                          finished=finished)
 
 
-def initial_state(denoiser: Denoiser, canvas: Canvas, rule, *, loop: LoopSettings) -> tuple[LoopState, Pass]:
-    """The state before the first pass, and the pass's fixed pieces, for the rows of `canvas`."""
+def initial_state(denoiser: Denoiser, canvas: Canvas, rule, *, loop: LoopSettings, noise=None
+                  ) -> tuple[LoopState, Pass]:
+    """The state before the first pass, and the pass's fixed pieces, for the rows of `canvas` (`noise`: a canvas
+    rule's supplied draws)."""
     B = canvas.batch
     region = loop.gen_length if loop.traits.region == "generated" else loop.sub_block_length or loop.block_length
     rule_state0 = run_init(rule, B, region, denoiser.vocab)
@@ -205,7 +228,7 @@ def initial_state(denoiser: Denoiser, canvas: Canvas, rule, *, loop: LoopSetting
                                          else loop.max_passes or loop.gen_length,  # store passes: more than G
                                          loop.traits.edits),
                       zeros if loop.traits.revokes else (), zeros if loop.traits.edits else ())
-    return state, Pass(canvas, rule, rule_state0)
+    return state, Pass(canvas, rule, rule_state0, noise)
 
 
 def row_bound(loop: LoopSettings, canvas: Canvas) -> int:
@@ -215,11 +238,12 @@ def row_bound(loop: LoopSettings, canvas: Canvas) -> int:
 
 
 def decode_loop(denoiser: Denoiser, ids: Int[Array, "B P"], mask: Bool[Array, "B P"], rng: jax.Array | None, rule,
-                *, loop: LoopSettings, special: SpecialIds) -> LoopOutput:
-    """The whole generation for one batch. `rule` has one value per row in every setting (`with_rows`)."""
+                noise: Int[Array, "B J S C"] | None = None, *, loop: LoopSettings, special: SpecialIds) -> LoopOutput:
+    """The whole generation for one batch. `rule` has one value per row in every setting (`with_rows`); `noise`:
+    a canvas rule's supplied uniform draws (decode/draws.py), None: drawn from `rng`."""
     canvas = Canvas.build(ids, mask, gen_length=loop.gen_length, block_length=loop.block_length,
                           mask_id=special.mask, shift=denoiser.shift, grid=loop.block_grid)
-    state, at = initial_state(denoiser, canvas, rule, loop=loop)
+    state, at = initial_state(denoiser, canvas, rule, loop=loop, noise=noise)
     bound = row_bound(loop, canvas)  # every row works in every pass until it is done: a bound on passes
 
     def body(state: LoopState) -> LoopState:

@@ -80,8 +80,10 @@ def prepare_inputs(ids, mask, cfg: DecodeConfig, config: ModelConfig, rng) -> tu
     if config.block_causal:
         blocks = int(grid_blocks(mask.sum(axis=1), cfg.gen_length, cfg.block_length).max())
         check_grid_steps(cfg.rule, blocks, cfg.gen_length, cfg.block_length)
-    if cfg.temperature > 0 and rng is None:
-        raise DecodeError(f"temperature={cfg.temperature} samples: pass rng=jax.random.key(seed)")
+    if cfg.draws and rng is None:
+        why = (f"{cfg.rule.name} draws its canvases' noise and samples" if cfg.traits.canvas
+               else f"temperature={cfg.temperature} samples")
+        raise DecodeError(f"{why}: pass rng=jax.random.key(seed)")
     P = ids.shape[1]
     bucket = -(-P // cfg.prompt_bucket) * cfg.prompt_bucket
     if config.block_causal:  # room left of every row's first decoded block for the block before it (cache.py)
@@ -151,6 +153,26 @@ def check_slots(slots) -> int | None:
     return int(slots)
 
 
+def check_canvas_noise(noise, cfg: DecodeConfig, config: ModelConfig, batch: int, placement) -> np.ndarray | None:
+    """`canvas_noise` as int32 [B, J, N + 1, C] (J canvases, N the rule's most passes a canvas), or None; refused in
+    one line where it cannot apply."""
+    if noise is None:
+        return None
+    if not cfg.traits.canvas:
+        raise DecodeError(f"canvas_noise is a canvas rule's (a uniform-noise canvas model); {cfg.rule.name} draws none")
+    if not isinstance(placement, OneDevice):
+        raise DecodeError("canvas_noise runs on one device (no mesh or devices): its rows are the prompts'")
+    J = cfg.gen_length // cfg.block_length
+    want = (batch, J, cfg.pass_bound(config) // J + 1, cfg.block_length)
+    noise = np.asarray(noise)
+    if noise.shape != want or not np.issubdtype(noise.dtype, np.integer):
+        raise DecodeError(f"canvas_noise must be token ids [batch, canvases, max_denoising_steps + 1, block_length] = "
+                          f"{list(want)}; got {noise.dtype} {list(noise.shape)}")
+    if noise.size and (noise.min() < 0 or noise.max() >= config.vocab_size):
+        raise DecodeError(f"canvas_noise holds ids outside [0, {config.vocab_size})")
+    return noise.astype(np.int32)
+
+
 def decoding_denoiser(model, cfg: DecodeConfig):
     """The model's denoiser, attending on the decoding block's grid when its grid follows the decoding block
     (`ModelConfig.flexible_block`, LLaDA2) rather than the block it was trained with."""
@@ -161,11 +183,13 @@ def decoding_denoiser(model, cfg: DecodeConfig):
 
 
 def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,
-        placement: Placement = OneDevice(), trace: bool = False, slots: int | None = None) -> Generation:
+        placement: Placement = OneDevice(), trace: bool = False, slots: int | None = None,
+        canvas_noise=None) -> Generation:
     """Decode left-padded prompts (ids [B, Lp], mask [B, Lp]) with one compiled loop on `placement`: all B rows at
     once, or, with `slots=S < B`, S rows at a time, each finished row's slot taking the next prompt inside the
     loop (decode/slots.py; on several data shards, ceil(S / shards) slots per shard). Outputs are in prompt
-    order either way, and a prompt's tokens do not depend on which."""
+    order either way, and a prompt's tokens do not depend on which. `canvas_noise` [B, J, N + 1, C] (a canvas
+    rule, one device): the uniform draws, supplied, one per prompt (decode/draws.py)."""
     missing = [a for a in ("config", "denoiser", "special") if not hasattr(model, a)]
     if missing:
         raise DecodeError(f"generate takes a model with config, denoiser and special (an ll.Model from ll.load); "
@@ -173,6 +197,9 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
     slots = check_slots(slots)
     ids_b, mask_b, pad = prepare_inputs(ids, mask, cfg, model.config, rng)
     B, P = ids_b.shape
+    if cfg.traits.canvas:
+        model.denoiser.check_prompt(ids_b)  # what the canvas model cannot take (image tokens), in one line
+    noise = check_canvas_noise(canvas_noise, cfg, model.config, B, placement)
     rule = cfg.rule
     rows = placement.rows(B)
     shards = placement.rows(1)  # rows are padded to a multiple of the data shards
@@ -180,9 +207,11 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
     rule_rows = jax.tree.map(lambda a: pad_rows(a, rows), rule.with_rows(B))
     loop = cfg.loop_settings(trace, model.config)
     special = model.special
-    key = rng if cfg.temperature > 0 else None  # greedy decoding draws nothing: no key, one program
+    key = rng if cfg.draws else None  # greedy decoding draws nothing: no key, one program
     denoiser, inputs = placement.place(decoding_denoiser(model, cfg), pad_rows(ids_b, rows), pad_rows(mask_b, rows), key,
                                        rule_rows)
+    if noise is not None:  # one device only (check_canvas_noise): the loop's sixth input
+        inputs = (*inputs, noise)
     loop_fn = (functools.partial(decode_loop, loop=loop, special=special) if per_shard is None else
                functools.partial(decode_slots, loop=loop, special=special, slots=per_shard))
     program_key: Hashable = (placement, loop, special, per_shard, signature(denoiser), signature(inputs))
@@ -193,8 +222,10 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
     out = placement.fetch(compiled(denoiser, *inputs), B)  # waits for the device
     seconds = time.perf_counter() - t0
     out = out._replace(x=out.x[:, :P + cfg.gen_length])  # a block grid's tail past gen_length is not returned
-    # A row stopped by the bound still holds masks (a finished row holds none, its early-stop fill included).
-    hit_bound = np.any(np.asarray(out.x)[:, P:] == model.special.mask, axis=1)
+    # A row stopped by the bound still holds masks (a finished row holds none, its early-stop fill included). A
+    # canvas has no masks: its rule's bound (max_denoising_steps a canvas) always lets a row finish.
+    hit_bound = (np.zeros(B, bool) if loop.traits.canvas else
+                 np.any(np.asarray(out.x)[:, P:] == model.special.mask, axis=1))
     return Generation(tokens=out.x[:, pad:], nfe=out.nfe, forward_passes=out.passes, full_passes=out.full_passes,
                       prompt_length=P - pad, seconds=seconds, compile_seconds=compile_s,
                       trace=loop.recorder.to_host(out.record, out.x, out.nfe, P, rule.clause_names,
@@ -205,12 +236,12 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
 
 
 def generate(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,
-             trace: bool = False, slots: int | None = None) -> Generation:
+             trace: bool = False, slots: int | None = None, canvas_noise=None) -> Generation:
     """Decode a batch of left-padded prompts on one device (see `run`; `ll.generate` also takes a mesh).
 
     `trace=True` also returns `out.trace` (see localleap_jax.trace): per row and pass, the prediction
     and confidence at every generated position and what committed by which clause. It costs, per row,
     S x G x (4 + 4 + 1) bytes plus the LM head over the generated region at every pass: at LLaDA-8B's
     gen_length 256, 0.6 MB per row, and 256 x 126464 fp32 logits (129 MB) per row and pass in flight.
-    With tracing off the program carries none of it. `slots`: see `run`."""
-    return run(model, ids, mask, cfg, rng, trace=trace, slots=slots)
+    With tracing off the program carries none of it. `slots`, `canvas_noise`: see `run`."""
+    return run(model, ids, mask, cfg, rng, trace=trace, slots=slots, canvas_noise=canvas_noise)

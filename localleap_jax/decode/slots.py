@@ -63,9 +63,10 @@ def write_rows(results, rows, dest: Int[Array, "S"]):
 
 
 def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "N P"], rng: jax.Array | None, rule,
-                 *, loop: LoopSettings, special: SpecialIds, slots: int) -> LoopOutput:
+                 noise: Int[Array, "N J S C"] | None = None, *, loop: LoopSettings, special: SpecialIds,
+                 slots: int) -> LoopOutput:
     """The whole generation of N prompts through min(slots, N) rows; outputs in prompt order. `rule` has one value
-    per prompt in every setting (`with_rows(N)`)."""
+    per prompt in every setting (`with_rows(N)`); `noise`: a canvas rule's supplied draws, per prompt."""
     N = ids.shape[0]
     S = min(slots, N)
     queue = Canvas.build(ids, mask, gen_length=loop.gen_length, block_length=loop.block_length,
@@ -73,7 +74,7 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
     first = jnp.arange(S)
     canvas0 = dataclasses.replace(queue, **{f: getattr(queue, f)[:S] for f in _LAYOUT})
     rule0 = take_rows(rule, first)
-    state0, at0 = initial_state(denoiser, canvas0, rule0, loop=loop)
+    state0, at0 = initial_state(denoiser, canvas0, rule0, loop=loop, noise=noise)
     fresh = (state0.rule_state, state0.record, state0.remasks, state0.edits)  # a row's state before its first pass
     bound = row_bound(loop, queue)  # passes one row may work
     results = Results(queue.x0, jnp.zeros((N,), jnp.int32),
@@ -90,8 +91,8 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
 
     def body(st: SlotState) -> SlotState:
         canvas = dataclasses.replace(queue, **dict(zip(_LAYOUT, st.layout)))
-        state, moved = one_pass(denoiser, st.loop, Pass(canvas, st.rule, at0.rule_state0), rng, loop=loop,
-                                special=special)
+        state, moved = one_pass(denoiser, st.loop, Pass(canvas, st.rule, at0.rule_state0, noise, st.prompt), rng,
+                                loop=loop, special=special)
         # A row that used up its passes (a rule that revokes, at max_passes) stops as it would alone.
         state = state._replace(done=state.done | (state.nfe >= bound))
         st = hand_over(st._replace(loop=state))

@@ -1,5 +1,6 @@
 """One denoising step, apart from the loop's bookkeeping: hidden states of the rule's region -> LM head ->
-prediction and confidence -> the rule -> commits (and remasks, edits).
+prediction and confidence -> the rule -> commits (and remasks, edits). A canvas rule's pass (a uniform-noise
+canvas, no masks) is `canvas_step`: accepted positions and the re-noised rest.
 
 `predict` turns logits into a prediction, its confidence and the scored distribution; `denoise_step` runs
 the rule on them and keeps the rule contract (only candidates commit; a working row commits at least its
@@ -15,8 +16,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from localleap_jax.decode.draws import Draws
 from localleap_jax.denoiser import SpecialIds
-from localleap_jax.rules import Decision, DecodeError, RuleTraits, Signals, most_confident, run_update
+from localleap_jax.rules import (CanvasDecision, CanvasSignals, Decision, DecodeError, RuleTraits, Signals,
+                                 most_confident, run_temperature, run_update)
 from localleap_jax.rules.failures import label
 
 
@@ -71,6 +74,7 @@ class StepResult(NamedTuple):
     remask: Int[Array, "B T"] | None = None  # int8 remask codes (k: remask_names[k - 1]); None: the rule never does
     edit: Int[Array, "B T"] | None = None  # int8 edit codes (k: edit_names[k - 1]), each a token replaced; None: never
     finished: Bool[Array, "B"] | None = None  # rows whose block the rule finished this pass (ends_blocks); None: never
+    scaled: Float[Array, "B T V"] | None = None  # a canvas rule's pass: its logits at the pass's temperature
 
 
 def denoise_step(head: Callable[[Array], Array], hidden: Float[Array, "B T D"], tokens: Int[Array, "B T"],
@@ -122,6 +126,41 @@ def denoise_step(head: Callable[[Array], Array], hidden: Float[Array, "B T D"], 
     if remask is not None:
         new = jnp.where(remask > 0, special.mask, new)
     return StepResult(pred, conf, code, new, rule_state, working, remask, edit, finished)
+
+
+def canvas_step(head: Callable[[Array], Array], hidden: Float[Array, "B C D"], tokens: Int[Array, "B C"],
+                done: Bool[Array, "B"], step_in_block: Int[Array, "B"], rule, rule_state, *, draws: Draws
+                ) -> StepResult:
+    """One denoising pass of a canvas rule on each row's canvas (a uniform-noise canvas model: no masks), apart from
+    the loop's bookkeeping: logits -> the rule's temperature for the pass -> a sample (the row's key) and the argmax
+    -> the rule's CanvasDecision -> the canvas after the pass: the accepted positions take the rule's tokens, the
+    others the pass's re-noise draw; a canvas the rule finished keeps the pass's argmax (transformers' output).
+    Rows that are `done` keep their canvas. `pred` is the token the rule chose at each position, `conf` its
+    probability, `code` the accepted set (the rule's clause codes), `scaled` the temperature-scaled logits (the
+    next pass's self-conditioning)."""
+    logits = head(hidden).astype(jnp.float32)
+    scaled = logits / run_temperature(rule, step_in_block).astype(jnp.float32)[:, None, None]
+    argmax = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
+    sample = jax.vmap(lambda k, z: jax.random.categorical(k, z, axis=-1))(draws.sample, scaled).astype(jnp.int32)
+    signals = CanvasSignals(logits=scaled, sample=sample, argmax=argmax, tokens=tokens, step=step_in_block)
+    decision, rule_state = run_update(rule, signals, rule_state)
+    if not isinstance(decision, CanvasDecision):
+        raise DecodeError(f"rule {label(rule)} is a canvas rule (canvas = True) but returned "
+                          f"{type(decision).__name__}; a canvas rule returns ll.rules.CanvasDecision(accept, tokens, "
+                          "finished)")
+    checked(rule, "accept", decision.accept, tokens.shape)
+    checked(rule, "tokens", decision.tokens, tokens.shape)
+    if not jnp.issubdtype(decision.tokens.dtype, jnp.integer):
+        raise DecodeError(f"rule {label(rule)} returned tokens of dtype {decision.tokens.dtype}; expected token ids")
+    finished = checked(rule, "finished", decision.finished, tokens.shape[:1], kinds="bool") & ~done
+    working = ~done
+    chosen = decision.tokens.astype(jnp.int32)
+    code = jnp.where(working[:, None], decision.accept.astype(jnp.int8), jnp.int8(0))
+    conf = jnp.exp(jnp.take_along_axis(scaled, chosen[..., None], axis=-1)[..., 0]
+                   - jax.nn.logsumexp(scaled, axis=-1))
+    after = jnp.where(finished[:, None], argmax, jnp.where(code > 0, chosen, draws.renoise))
+    new = jnp.where(working[:, None], after, tokens)
+    return StepResult(chosen, conf, code, new, rule_state, working, finished=finished, scaled=scaled)
 
 
 def checked(rule, what: str, value, shape: tuple[int, ...], kinds: str = "codes"):

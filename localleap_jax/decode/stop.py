@@ -46,6 +46,25 @@ class StopAtEos:
 
 
 @dataclasses.dataclass(frozen=True)
+class EndAtEos:
+    """A uniform-noise canvas model's rows end on EOS (transformers' DiffusionGemma generate: its EosTokenCriteria
+    over each finished canvas, then pad after the EOS): a finished canvas holding any of `ids` ends its row, and
+    every position after the first of them becomes `pad` (the canvases after it too, which the row never decodes).
+    A canvas ends when its rule says (not when a mask fills), so this is not the masked loop's early stop: it
+    always applies."""
+
+    ids: tuple[int, ...]
+    pad: int
+
+    def update(self, x, block, block_full, last_block, special, counted):
+        is_end = jnp.isin(block.tokens, jnp.asarray(self.ids, block.tokens.dtype)) & counted
+        stop_here = block_full & jnp.any(is_end, axis=1)
+        first = block.starts + jnp.argmax(is_end, axis=1)
+        after = jnp.arange(x.shape[1])[None, :] > first[:, None]
+        return stop_here, jnp.where(stop_here[:, None] & after, self.pad, x)
+
+
+@dataclasses.dataclass(frozen=True)
 class StopAny:
     """A row stops where any of `policies` stops it; their canvas writes apply in order."""
 

@@ -112,6 +112,7 @@ from typing import Any, Mapping, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
 from localleap_jax.config import ModelConfig
@@ -120,6 +121,7 @@ from localleap_jax.families import Family
 from localleap_jax.families.fields import flag, positive, refuse, whole
 from localleap_jax.families.target import Target
 from localleap_jax.moe import MoE, Router, moe_layer
+from localleap_jax.rules.canvas import entropy, entropy_bound_accept
 from localleap_jax.tokenizer import added_token_id
 
 MASK_TOKEN = "<mask>"  # Gemma's reserved mask token: DiffusionGemma never reads nor writes it
@@ -156,7 +158,8 @@ class Rotary:
 
 @dataclasses.dataclass(frozen=True)
 class DiffusionGemmaArch:
-    """DiffusionGemma's own settings (`ModelConfig.arch`); the ModelConfig fields hold the sliding layers' sizes."""
+    """DiffusionGemma's own settings (`ModelConfig.arch`); the ModelConfig fields hold the sliding layers' sizes, the
+    canvas length (`canvas_length`) and every id that ends a row (`eos_token_ids`)."""
 
     layer_types: tuple[str, ...]  # per layer: "sliding" or "full"
     sliding_window: int  # W (module docstring)
@@ -165,11 +168,9 @@ class DiffusionGemmaArch:
     sliding_rotary: Rotary
     global_rotary: Rotary
     logit_softcap: float
-    canvas_length: int
     num_experts: int
     top_k_experts: int
     moe_intermediate_size: int
-    eos_token_ids: tuple[int, ...]  # every id that ends a row (config.json may list several)
     image_token_ids: tuple[int, ...]  # image placeholder, begin and end of image: refused (text only)
     moe_dispatch: str | None = None  # moe.MoE.dispatch (None: its default)
 
@@ -335,10 +336,9 @@ def read(cfg: Mapping[str, Any]) -> ModelConfig:
         global_kv_heads=global_kv,
         sliding_rotary=_rotary(rope.get("sliding_attention", {"rope_theta": 10_000.0}), "sliding_attention"),
         global_rotary=_rotary(rope.get("full_attention", {"rope_theta": 1_000_000.0}), "full_attention"),
-        logit_softcap=positive(text, "final_logit_softcapping", 30.0),
-        canvas_length=whole(cfg, "canvas_length", default=256), num_experts=whole(text, "num_experts"),
+        logit_softcap=positive(text, "final_logit_softcapping", 30.0), num_experts=whole(text, "num_experts"),
         top_k_experts=whole(text, "top_k_experts"), moe_intermediate_size=whole(text, "moe_intermediate_size"),
-        eos_token_ids=eos, image_token_ids=images)
+        image_token_ids=images)
     if arch.top_k_experts > arch.num_experts:
         raise ConfigError(f"top_k_experts={arch.top_k_experts} exceeds num_experts={arch.num_experts}")
     return ModelConfig(
@@ -348,7 +348,8 @@ def read(cfg: Mapping[str, Any]) -> ModelConfig:
         max_sequence_length=whole(text, "max_position_embeddings", default=131_072),
         mask_token_id=whole(cfg, "mask_token_id", default=GEMMA_MASK_ID, minimum=0), eos_token_id=eos[0],
         pad_token_id=pad, family="diffusion_gemma", qk_norm=True,
-        explicit_head_dim=whole(text, "head_dim", default=256), tie_word_embeddings=True, arch=arch)
+        explicit_head_dim=whole(text, "head_dim", default=256), tie_word_embeddings=True, arch=arch,
+        canvas_length=whole(cfg, "canvas_length", default=256), eos_token_ids=eos)
 
 
 def write(c: ModelConfig) -> dict[str, Any]:
@@ -372,14 +373,14 @@ def write(c: ModelConfig) -> dict[str, Any]:
         "num_global_key_value_heads": a.global_kv_heads, "hidden_activation": ACTIVATION,
         "max_position_embeddings": c.max_sequence_length, "rms_norm_eps": c.rms_norm_eps,
         "pad_token_id": c.pad_token_id,
-        "eos_token_id": list(a.eos_token_ids) if len(a.eos_token_ids) > 1 else a.eos_token_ids[0],
+        "eos_token_id": list(c.end_ids) if len(c.end_ids) > 1 else c.end_ids[0],
         "tie_word_embeddings": True, "attention_bias": False, "sliding_window": a.sliding_window,
         "layer_types": [types[k] for k in a.layer_types], "final_logit_softcapping": a.logit_softcap,
         "rope_parameters": {"sliding_attention": rope(a.sliding_rotary), "full_attention": rope(a.global_rotary)},
         "use_bidirectional_attention": None, "num_experts": a.num_experts, "top_k_experts": a.top_k_experts,
         "moe_intermediate_size": a.moe_intermediate_size}
     return {"architectures": ["DiffusionGemmaForBlockDiffusion"], "model_type": "diffusion_gemma",
-            "text_config": text, "canvas_length": a.canvas_length, "tie_word_embeddings": True,
+            "text_config": text, "canvas_length": c.canvas_length, "tie_word_embeddings": True,
             "image_token_id": image, "boi_token_id": boi, "eoi_token_id": eoi, "mask_token_id": c.mask_token_id}
 
 
@@ -596,9 +597,48 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32)
                         jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), jnp.int32))
 
 
-def _write_rows(buf: Array, new: Array, start: Int[Array, "B"]) -> Array:
-    """buf [B, S, ...] with new [B, T, ...] written at each row's start slot."""
-    return jax.vmap(lambda b, n, s: jax.lax.dynamic_update_slice_in_dim(b, n, s, axis=0))(buf, new, start)
+def _write_rows(buf: Array, new: Array, start: Int[Array, "B"], rows: Bool[Array, "B"] | None = None) -> Array:
+    """buf [B, S, ...] with new [B, T, ...] written at each row's start slot (`rows`: only those rows; the others'
+    slots there are written back as they were)."""
+    if rows is None:
+        return jax.vmap(lambda b, n, s: jax.lax.dynamic_update_slice_in_dim(b, n, s, axis=0))(buf, new, start)
+    T = new.shape[1]
+
+    def one(b, n, s, r):  # dynamic_slice clamps the start as dynamic_update_slice does: a row left out is unchanged
+        return jax.lax.dynamic_update_slice_in_dim(b, jnp.where(r, n, jax.lax.dynamic_slice_in_dim(b, s, T)), s, 0)
+    return jax.vmap(one)(buf, new, start, rows)
+
+
+def _encode(params: dict, cache: EncoderCache, ids: Int[Array, "B T"], mask: Bool[Array, "B T"],
+            config: ModelConfig, mesh=None, rows: Bool[Array, "B"] | None = None
+            ) -> tuple[Float[Array, "B T D"], EncoderCache]:
+    """`encode_into`'s network: the chunk's final hidden states (before the head) and the cache. `rows`: only
+    these rows' chunks are written and counted (the others' cache is left as it was; their hidden states are
+    computed and meaningless)."""
+    a = arch_of(config)
+    mask = mask.astype(bool)
+    written = mask if rows is None else mask & rows[:, None]
+    positions = cache.length[:, None] + jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
+    slot_pos = _write_rows(cache.positions, positions, cache.end, rows)
+    valid = _write_rows(cache.valid, written, cache.end, rows)
+    causal = valid[:, None, :] & (slot_pos[:, None, :] <= positions[:, :, None])  # [B, T, S]
+    windowed = causal & (slot_pos[:, None, :] > positions[:, :, None] - a.sliding_window)
+    k_buf, v_buf = dict(cache.k), dict(cache.v)
+    h = _embed(params, ids, config)
+    eps = config.rms_norm_eps
+    for kind, j in a.slots:
+        lp = _layer_params(params, kind, j)
+        q, k, v = _qkv(lp, _rms(h, lp["input_norm"], eps), positions, kind, config)
+        k_buf[kind] = k_buf[kind].at[j].set(_write_rows(k_buf[kind][j], k, cache.end, rows))
+        v_buf[kind] = v_buf[kind].at[j].set(_write_rows(v_buf[kind][j], v, cache.end, rows))
+        attn = _attend(q, k_buf[kind][j], v_buf[kind][j], windowed if kind == "sliding" else causal)
+        h = h + _rms(attn @ lp["o_proj"]["kernel"], lp["post_attn_norm"], eps)
+        h = (h + _feed_forward(lp, h, config, mesh)) * lp["encoder_layer_scalar"]
+    T = ids.shape[1]
+    moved = T if rows is None else T * rows.astype(jnp.int32)
+    cache = EncoderCache(k_buf, v_buf, slot_pos, valid, cache.end + moved,
+                         cache.length + jnp.sum(written, axis=1, dtype=jnp.int32))
+    return h, cache
 
 
 @functools.partial(jax.jit, static_argnames=("config", "mesh"))
@@ -608,28 +648,14 @@ def encode_into(params: dict, cache: EncoderCache, ids: Int[Array, "B T"], mask:
     left padding in the first chunk). Returns the chunk's softcapped logits and the cache with its K/V written
     at each row's `end` (the buffer must have T free slots there: XLA would clamp a write past its end onto
     earlier slots)."""
-    a = arch_of(config)
-    mask = mask.astype(bool)
-    positions = cache.length[:, None] + jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
-    slot_pos = _write_rows(cache.positions, positions, cache.end)
-    valid = _write_rows(cache.valid, mask, cache.end)
-    causal = valid[:, None, :] & (slot_pos[:, None, :] <= positions[:, :, None])  # [B, T, S]
-    windowed = causal & (slot_pos[:, None, :] > positions[:, :, None] - a.sliding_window)
-    k_buf, v_buf = dict(cache.k), dict(cache.v)
-    h = _embed(params, ids, config)
-    eps = config.rms_norm_eps
-    for kind, j in a.slots:
-        lp = _layer_params(params, kind, j)
-        q, k, v = _qkv(lp, _rms(h, lp["input_norm"], eps), positions, kind, config)
-        k_buf[kind] = k_buf[kind].at[j].set(_write_rows(k_buf[kind][j], k, cache.end))
-        v_buf[kind] = v_buf[kind].at[j].set(_write_rows(v_buf[kind][j], v, cache.end))
-        attn = _attend(q, k_buf[kind][j], v_buf[kind][j], windowed if kind == "sliding" else causal)
-        h = h + _rms(attn @ lp["o_proj"]["kernel"], lp["post_attn_norm"], eps)
-        h = (h + _feed_forward(lp, h, config, mesh)) * lp["encoder_layer_scalar"]
-    T = ids.shape[1]
-    cache = EncoderCache(k_buf, v_buf, slot_pos, valid, cache.end + T,
-                         cache.length + jnp.sum(mask, axis=1, dtype=jnp.int32))
+    h, cache = _encode(params, cache, ids, mask, config, mesh)
     return _head(params, h, config), cache
+
+
+def restart_rows(cache: EncoderCache, rows: Bool[Array, "B"]) -> EncoderCache:
+    """The cache with `rows` emptied (nothing encoded: a row taking a new prompt)."""
+    return cache._replace(valid=cache.valid & ~rows[:, None], end=jnp.where(rows, 0, cache.end),
+                          length=jnp.where(rows, 0, cache.length))
 
 
 def layer_kv(cache: EncoderCache, config: ModelConfig) -> tuple[tuple[Array, Array], ...]:
@@ -676,6 +702,12 @@ def decode(params: dict, cache: EncoderCache, canvas: Int[Array, "B C"], config:
     """The bidirectional decoder over a canvas that follows what `cache` holds: softcapped logits [B, C, V].
     `soft`: the self-conditioning input (`soft_embedding` of the previous step's logits; None or zeros on a
     row's first step)."""
+    return _head(params, _decode(params, cache, canvas, config, soft, mesh), config)
+
+
+def _decode(params: dict, cache: EncoderCache, canvas: Int[Array, "B C"], config: ModelConfig,
+            soft: Float[Array, "B C D"] | None = None, mesh=None) -> Float[Array, "B C D"]:
+    """`decode`'s network: the canvas' final hidden states, before the head."""
     a = arch_of(config)
     C = canvas.shape[1]
     positions = cache.length[:, None] + jnp.arange(C, dtype=jnp.int32)[None, :]
@@ -693,7 +725,7 @@ def decode(params: dict, cache: EncoderCache, canvas: Int[Array, "B C"], config:
         attn = _attend(q, keys, values, allowed)
         h = h + _rms(attn @ lp["o_proj"]["kernel"], lp["post_attn_norm"], eps)
         h = (h + _feed_forward(lp, h, config, mesh)) * lp["layer_scalar"]
-    return _head(params, h, config)
+    return h
 
 
 def decoder_logits(params: dict, ids: Int[Array, "B L"], mask: Bool[Array, "B L"], canvas: Int[Array, "B C"],
@@ -727,31 +759,19 @@ def temperature(i: Int[Array, "*B"] | int, max_denoising_steps: int, t_min: floa
                 ) -> Float[Array, "*B"]:
     """The temperature of denoising pass i (from 0): transformers' LinearTemperatureScheduleLogitsProcessor at
     cur_step = N - i, t_min + (t_max - t_min) * (cur_step / N), in fp32 as torch rounds it (t_max at i = 0;
-    t_min + (t_max - t_min) / N at the last pass: t_min itself is never reached)."""
+    t_min + (t_max - t_min) / N at the last pass: t_min itself is never reached). (The canvas rules' schedule,
+    `rules.canvas.linear_temperature`, takes per-row fp32 settings: there t_max - t_min is their fp32 difference.)"""
     cur = jnp.asarray(max_denoising_steps - jnp.asarray(i), jnp.int32).astype(jnp.float32)
     fraction = cur / jnp.float32(max_denoising_steps)
     return jnp.float32(t_min) + jnp.float32(t_max - t_min) * fraction
 
 
-def entropy(z: Float[Array, "*B V"]) -> Float[Array, "*B"]:
-    """Entropy of softmax(z) in nats (torch.distributions.Categorical(logits=z).entropy(), in fp32)."""
-    z = z.astype(jnp.float32)
-    logp = z - jax.nn.logsumexp(z, axis=-1, keepdims=True)
-    return -jnp.sum(logp * jax.nn.softmax(z, axis=-1), axis=-1)
-
-
 def accept(z: Float[Array, "B C V"], entropy_bound: float | Float[Array, "B"]) -> Bool[Array, "B C"]:
-    """EntropyBoundSampler.accept_canvas: sort the positions by entropy ascending and accept the prefix whose
-    entropies before each one sum to at most entropy_bound (the lowest-entropy position always). Ties in entropy
-    at the boundary: here the earlier position wins (a stable sort); torch.sort promises no order."""
-    H = entropy(z)
-    order = jnp.argsort(H, axis=-1, stable=True)
-    sorted_h = jnp.take_along_axis(H, order, axis=-1)
-    before = jnp.cumsum(sorted_h, axis=-1) - sorted_h
-    bound = jnp.asarray(entropy_bound, jnp.float32)
-    chosen = before <= (bound[:, None] if bound.ndim else bound)
-    rows = jnp.arange(z.shape[0])[:, None]
-    return jnp.zeros(H.shape, bool).at[rows, order].set(chosen)
+    """EntropyBoundSampler.accept_canvas's set (`rules.canvas.entropy_bound_accept` on the entropies of z, which the
+    entropy_bound rule runs): sort the positions by entropy ascending and accept the prefix whose entropies before
+    each one sum to at most entropy_bound (the lowest-entropy position always). Ties in entropy at the boundary:
+    here the earlier position wins (a stable sort); torch.sort promises no order."""
+    return entropy_bound_accept(entropy(z), entropy_bound)
 
 
 def init_history(batch: int, stability_threshold: int, canvas_length: int) -> Int[Array, "B S C"]:
@@ -777,9 +797,52 @@ def stop(argmax: Int[Array, "B C"], history: Int[Array, "B S C"], z: Float[Array
 # ---------------------------------------------------------------- the family record
 
 
-def denoiser(params: Any, config: ModelConfig):
-    raise DecodeError("DiffusionGemma decodes with ll.rule('entropy_bound') (coming): its canvas loop is not the "
-                      "masked-diffusion loop; the network is localleap_jax.families.diffusion_gemma")
+@struct.dataclass
+class DiffusionGemmaDenoiser:
+    """What the decode loop runs of DiffusionGemma (`localleap_jax.denoiser.CanvasDenoiser`): the encoder appending to
+    its static-shape K/V buffer, the decoder over a canvas after it, the head, the self-conditioning input."""
+
+    params: dict
+    config: ModelConfig = struct.field(pytree_node=False)
+
+    @property
+    def shift(self) -> int:
+        return 0
+
+    @property
+    def vocab(self) -> int:  # what a uniform draw ranges over (transformers' text_config.vocab_size)
+        return self.config.vocab_size
+
+    def empty_cache(self, batch: int, length: int) -> EncoderCache:
+        return init_cache(self.config, batch, length, self.params["wte"]["embedding"].dtype)
+
+    def encode(self, cache: EncoderCache, ids: Int[Array, "B T"], mask: Bool[Array, "B T"],
+               rows: Bool[Array, "B"] | None = None) -> EncoderCache:
+        return _encode(self.params, cache, ids, mask, self.config, rows=rows)[1]
+
+    def restart(self, cache: EncoderCache, rows: Bool[Array, "B"]) -> EncoderCache:
+        return restart_rows(cache, rows)
+
+    def decode(self, cache: EncoderCache, canvas: Int[Array, "B C"], soft: Float[Array, "B C D"]
+               ) -> Float[Array, "B C D"]:
+        return _decode(self.params, cache, canvas, self.config, soft)
+
+    def head(self, hidden: Float[Array, "... D"]) -> Float[Array, "... V"]:
+        return _head(self.params, hidden, self.config)
+
+    def soft_embedding(self, z: Float[Array, "B C V"]) -> Float[Array, "B C D"]:
+        return soft_embedding(self.params, z, self.config)
+
+    def no_soft(self, batch: int, length: int) -> Float[Array, "B C D"]:
+        """A canvas's first pass: no self-conditioning (zeros, which the decoder reads as none)."""
+        return jnp.zeros((batch, length, self.config.d_model), self.params["wte"]["embedding"].dtype)
+
+    def check_prompt(self, ids) -> None:
+        check_text_only(ids, self.config)
+
+
+def denoiser(params: Any, config: ModelConfig) -> DiffusionGemmaDenoiser:
+    return DiffusionGemmaDenoiser(params, config)
 
 
 FAMILY = Family(
@@ -789,4 +852,4 @@ FAMILY = Family(
     ignored_tensors=("model.encoder.vision_tower.", "model.encoder.embed_vision."),
     likelihood=None, likelihood_refusal="likelihood of DiffusionGemma is not served: a uniform-noise canvas model "
     "has no masked-token estimator (and its authors publish none)",
-    eval_strategies="entropy_bound")
+    eval_strategies="entropy_bound,localleap_uniform")

@@ -33,10 +33,11 @@ def decode_settings(cfg: DecodeConfig) -> dict:
 
 
 def rows_interact(cfg: DecodeConfig) -> bool:
-    """Whether a row's tokens depend on which rows share its batch: sampling draws one key per batch.
-    (With a KV cache the rows advance through blocks together, but a row only waits, with its own
-    canvas and cache unchanged, so its tokens do not depend on the others: tests/test_decode.py.)"""
-    return cfg.temperature > 0
+    """Whether a row's tokens depend on which rows share its batch: sampling draws one key per batch, and a canvas
+    rule's draws follow a row's place in its batch (decode/draws.py). (With a KV cache the rows advance through
+    blocks together, but a row only waits, with its own canvas and cache unchanged, so its tokens do not depend
+    on the others: tests/test_decode.py.)"""
+    return cfg.draws
 
 
 @functools.lru_cache(maxsize=8)
@@ -87,7 +88,7 @@ def answers_key(model: Model, cfg: DecodeConfig, *, chat: bool, seed: int, trunc
         "chat": bool(chat),
         "truncate_fewshot": truncate_fewshot,
     }
-    if cfg.temperature > 0:  # greedy decoding draws no random numbers
+    if cfg.draws:  # greedy decoding with a masked rule draws no random numbers
         key["seed"] = seed
     if rows_interact(cfg):
         key["batch"] = batch

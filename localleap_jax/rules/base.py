@@ -44,6 +44,9 @@ into the loop's compile-time settings):
                 passes after its last mask is filled (JointThreshold's post-edit passes). Its rows advance
                 through blocks on their own (no cache shared by the batch's rows), and its `pass_bound` says how
                 many passes a row may take.
+  canvas        True: a canvas rule, for a uniform-noise canvas model without masks (DiffusionGemma): it accepts
+                positions of a noisy canvas, the loop re-noises the rest (`rules.canvas`: its signals, its
+                `CanvasDecision`, its `temperature(step)`).
 
 A rule is an object with every member of the `Rule` protocol below. Subclass `RuleBase` (and decorate with
 `flax.struct.dataclass`), or give a function to `stateless`: an object of a class of your own that lacks a member
@@ -331,6 +334,7 @@ class RuleBase:
     resets_state: ClassVar[bool] = True
     edit_names: ClassVar[tuple[str, ...]] = ()
     ends_blocks: ClassVar[bool] = False
+    canvas: ClassVar[bool] = False
 
     def pass_bound(self, gen_length: int, block_length: int) -> int:
         """The passes a row may need at most (DecodeConfig.max_passes's default): a rule that only commits
@@ -376,6 +380,7 @@ class Rule(Protocol):
     resets_state: bool
     edit_names: tuple[str, ...]
     ends_blocks: bool
+    canvas: bool  # a canvas rule (rules.canvas): it also has temperature(step)
 
     def init(self, batch: int, block: int, vocab: int) -> State: ...
 

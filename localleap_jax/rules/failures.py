@@ -123,6 +123,15 @@ def run_update(rule, signals, state):
     return out
 
 
+def run_temperature(rule, step):
+    """A canvas rule's `temperature(step)` -> [B], its failures in one line."""
+    out = _call(rule, "temperature", rule.temperature, (step,), defined=rule.temperature)
+    if not hasattr(out, "shape") or tuple(out.shape) != tuple(step.shape):
+        raise DecodeError(f"rule {label(rule, rule.temperature)} returned {type(out).__name__} from temperature(step); "
+                          f"expected an array {tuple(step.shape)} (one temperature per row)")
+    return out
+
+
 def _leaf(x) -> str:
     return f"{np.dtype(jax.numpy.result_type(x)).name}{list(np.shape(x))}"
 
@@ -168,4 +177,5 @@ def check_calls(rule) -> None:
                               f"{method}{args}")
 
 
-__all__ = ["check_calls", "check_state", "defined_at", "explain", "label", "run_init", "run_update"]
+__all__ = ["check_calls", "check_state", "defined_at", "explain", "label", "run_init", "run_temperature",
+           "run_update"]

@@ -1,11 +1,11 @@
 """What the loop reads of a rule, read once: that it is a rule at all, and its traits.
 
     traits = rules.traits_of(rule)     # RuleTraits(region, probes, remask_names, resets_state, edit_names,
-                                       #            ends_blocks), checked
+                                       #            ends_blocks, canvas), checked
 
 A rule's traits are static (they shape the compiled program): the class attributes the `Rule` protocol declares,
 with `RuleBase`'s defaults (region "block", no probes, no remask or edit clauses, state reset per block, a block
-ending when its last mask fills). `DecodeConfig`
+ending when its last mask fills, not a canvas rule). `DecodeConfig`
 reads them here, once, into the loop's compile-time settings (`LoopSettings.traits`); nothing in `decode/` reads a
 rule's attributes. An object without every member of the protocol (a user's class that does not subclass
 RuleBase) is refused in one line naming what it lacks.
@@ -32,6 +32,7 @@ class RuleTraits(NamedTuple):
     resets_state: bool = True  # False: the rule's state spans blocks (kept when a row enters a new block)
     edit_names: tuple[str, ...] = ()  # the rule's edit clauses (non-empty: it replaces held tokens)
     ends_blocks: bool = False  # True: the rule says when its row's block is finished (Decision.finished)
+    canvas: bool = False  # True: a canvas rule (a uniform-noise canvas, no masks: rules.canvas)
 
     @property
     def revokes(self) -> bool:
@@ -50,7 +51,7 @@ class RuleTraits(NamedTuple):
     def own_bound(self) -> bool:
         """A working pass may leave as many masks as before (a remask, a pass with no mask left): the loop's bound
         is the rule's `pass_bound`, not one pass per generated position."""
-        return self.revokes or self.ends_blocks
+        return self.revokes or self.ends_blocks or self.canvas
 
 
 def protocol_members() -> tuple[str, ...]:
@@ -74,10 +75,11 @@ def traits_of(rule) -> RuleTraits:
                           "ll.rules.RuleBase (a flax.struct.dataclass), which gives every default, or use "
                           "ll.stateless(fn)")
     region, probes, names, resets = rule.region, rule.probes, rule.remask_names, rule.resets_state
-    edit_names, ends_blocks = rule.edit_names, rule.ends_blocks
+    edit_names, ends_blocks, canvas = rule.edit_names, rule.ends_blocks, rule.canvas
     if not isinstance(region, str) or region not in REGIONS:
         raise DecodeError(f"{rule.name}: region={region!r}; a rule's region is 'block' or 'generated'")
-    for trait, value in (("probes", probes), ("resets_state", resets), ("ends_blocks", ends_blocks)):
+    for trait, value in (("probes", probes), ("resets_state", resets), ("ends_blocks", ends_blocks),
+                         ("canvas", canvas)):
         if not isinstance(value, (bool, np.bool_)):
             raise DecodeError(f"{rule.name}: {trait}={value!r} must be True or False")
     if probes and region != "block":
@@ -87,4 +89,14 @@ def traits_of(rule) -> RuleTraits:
         raise DecodeError(f"{rule.name}: remask_names={names!r} must be a tuple of names, e.g. ('doubt',)")
     if not isinstance(edit_names, tuple) or not all(isinstance(n, str) for n in edit_names):
         raise DecodeError(f"{rule.name}: edit_names={edit_names!r} must be a tuple of names, e.g. ('changed',)")
-    return RuleTraits(region, bool(probes), names, bool(resets), edit_names, bool(ends_blocks))
+    if canvas:
+        masked = [t for t, on in (("region 'generated'", region != "block"), ("probes", probes),
+                                  ("remask_names", names), ("edit_names", edit_names), ("ends_blocks", ends_blocks))
+                  if on]
+        if masked:
+            raise DecodeError(f"{rule.name}: a canvas rule (canvas = True) works on a canvas without masks; it cannot "
+                              f"also declare {', '.join(masked)} (traits of rules over masked blocks)")
+        if not callable(getattr(rule, "temperature", None)):
+            raise DecodeError(f"{rule.name}: a canvas rule has temperature(step) -> [B] (the temperature of each "
+                              "row's denoising pass): subclass ll.rules.canvas.CanvasRuleBase")
+    return RuleTraits(region, bool(probes), names, bool(resets), edit_names, bool(ends_blocks), bool(canvas))
