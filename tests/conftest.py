@@ -13,6 +13,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # ~/.cache entry of a likelihood program (once in CI, once locally under load), and after a crashed worker
 # pytest-xdist's loadfile scheduling waits forever. The tests of the cache give it a directory of their own.
 os.environ.setdefault("LOCALLEAP_COMPILE_CACHE", "off")
+
+import signal  # noqa: E402
+
+# Ctrl-C as at a terminal, even when the suite was started in the background (`cmd &` in a script starts it with
+# SIGINT ignored, which Python keeps and every subprocess inherits): the interrupt tests send it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # The suite compiles some two hundred small programs and runs each for milliseconds: XLA's CPU backend without
 # its expensive LLVM passes compiles them about a quarter faster (the whole suite: ~15%). It changes speed and,
 # at most, float rounding; every tolerance and token equality here holds under both (checked on

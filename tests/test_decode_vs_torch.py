@@ -212,7 +212,7 @@ def test_the_whole_generation_is_one_device_loop(sharp):
     (dict(strategy="localleap:kappa=1.5"), r"kappa=1.5 must lie in \(0, 1\]"),
     (dict(strategy="localleap:tau=0.0"), r"tau=0.0 must lie in \(0, 1\]"),
     (dict(strategy="localleap:tau=0.95,kappa=0.9"), "tau=0.95 > kappa=0.9"),
-    (dict(strategy="greedy"), "unknown strategy 'greedy'; choose from .*localleap, low_confidence, margin"),
+    (dict(strategy="greedy"), "unknown strategy 'greedy'; choose from .*localleap, localleap_uniform, low_confidence, margin"),
     (dict(cache="full"), "unknown cache 'full'"),
     (dict(temperature=0.7), "pass rng"),
     (dict(gen_length=508, block_length=4), "exceeds the model's max_sequence_length"),

@@ -288,7 +288,7 @@ class _Keeps(RuleBase):
     (_ProbesOverRegion(), r"probes_over_region: probes score the current block"),
     (_NamesAsString(), r"names_as_string: remask_names='undo' must be a tuple of names"),
     (_ProbesAsText(), r"probes_as_text: probes='yes' must be True or False"),
-    (_Duck(), r"^rule 'duck' lacks region, probes, remask_names, resets_state, edit_names, ends_blocks, validate, "
+    (_Duck(), r"^rule 'duck' lacks region, probes, remask_names, resets_state, edit_names, ends_blocks, canvas, validate, "
               r"with_rows, pass_bound, min_passes, spec of the Rule protocol: subclass ll.rules.RuleBase"),
     (ll.any_of(ll.rule("threshold"), _Keeps()), r"^keeps keeps its state across blocks: it cannot be combined with "
                                                 r"any_of/all_of"),
