@@ -165,3 +165,21 @@ def signal_handlers_put_back():
     for name in changed:
         signal.signal(getattr(signal, name), before[name])
     assert not changed, f"the test left signal handlers changed: {changed}"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def compiled_programs_freed_after_each_file():
+    """Each test file's compiled programs are freed when it ends. XLA's CPU executables each hold a few hundred
+    memory mappings (JIT'ed code), and a worker that kept every program of the files it ran passed the kernel's
+    vm.max_map_count (65530): a later compile or deserialisation then died of a segfault or an abort (three runs
+    on 2 cores crashed so, each late in the run, in a different test)."""
+    yield
+    import gc
+
+    import jax
+
+    from localleap_jax.compile_cache import forget_compiled
+
+    forget_compiled()
+    jax.clear_caches()
+    gc.collect()
