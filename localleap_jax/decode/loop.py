@@ -144,8 +144,8 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     else:  # the block ends when nothing up to its end is masked
         block_full = ~jnp.any((step.tokens == special.mask) & region.valid, axis=1)
         block_now = block._replace(tokens=rows_take(x, block.idx))
-    if step.finished is not None and not loop.traits.canvas:  # a rule that ends its own blocks: on the pass it
-        block_full &= step.finished  # says so, once no mask is left
+    if step.finished is not None:  # a rule that ends its own blocks: on the pass it says so, once no mask is left
+        block_full &= step.finished
     last_block = state.block == canvas.row_blocks - 1
     decoded = block.idx >= canvas.prompt_length  # the prompt's tail in a grid row's first block is not decoded
     if loop.free_tokens:  # nor is a free token (a block's first position, after the prompt)
