@@ -45,7 +45,7 @@ def generate(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax
     devices, splits the batch over them (pmap). `slots=S` (continuous batching): the loop holds S rows and a
     finished row's slot takes the next prompt, so N > S prompts run in one program, outputs in prompt order
     (`localleap_jax.decode.slots`). `canvas_noise` [B, J, N + 1, C]: a canvas rule's uniform draws, supplied
-    (one device; `localleap_jax.decode.draws`). See `localleap_jax.decode.run.generate` for the costs."""
+    (`localleap_jax.decode.draws`: a prompt's draws are its own on every placement). See `localleap_jax.decode.run.generate` for the costs."""
     return run(model, ids, mask, cfg, rng, placement=decode_placement(mesh, devices), trace=trace, slots=slots,
                canvas_noise=canvas_noise)
 

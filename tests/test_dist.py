@@ -147,6 +147,36 @@ res["likelihood"] = {"one": one.tolist()}
 for data, mod in ((2, 4),):
     res["likelihood"][f"{data}x{mod}"] = ll.loglikelihood(model, contexts, continuations, lcfg,
                                                          mesh=make_mesh(data, mod)).tolist()
+
+# A canvas rule (DiffusionGemma's sampler, its own draws from the rng): a prompt's draws travel with it, so every
+# mesh, pmap and slots decode as one device; supplied draws (canvas_noise) too.
+import dataclasses, torch
+sys.path.insert(0, "tests")
+from test_diffusion_gemma import C, VOCAB, batch, hf_config, params_from_state, randomized
+from transformers import DiffusionGemmaForBlockDiffusion
+from localleap_jax.families import read_config
+from localleap_jax.loaded import Model
+torch.manual_seed(0)
+hf = randomized(DiffusionGemmaForBlockDiffusion(hf_config()), seed=1)
+with torch.no_grad():  # as test_diffusion_gemma's `damped`: fp32 noise is not multiplied up pass after pass
+    hf.model.decoder.self_conditioning.down_proj.weight.mul_(0.1)
+dg_config = dataclasses.replace(read_config(hf.config.to_dict()), eos_token_ids=(206, 74))
+dgm = Model(dg_config, params_from_state(hf.state_dict(), dg_config), None)
+gids, gmask = batch(30, [7, 5, 3, 6, 4], 7)
+rule = ll.rules.EntropyBound(entropy_bound=0.5, t_min=0.05, t_max=0.2, max_denoising_steps=6, stability_threshold=0,
+                             confidence_threshold=2.0)
+cfg = ll.DecodeConfig(strategy=rule, gen_length=3 * C, block_length=C)
+noise = np.random.default_rng(31).integers(0, VOCAB, (5, 3, 7, C))
+res["canvas"] = {}
+for supplied in (None, noise):
+    one = ll.generate(dgm, gids, gmask, cfg, jax.random.key(3), canvas_noise=supplied)
+    for label, kw in (("mesh 4x2", dict(mesh=make_mesh(4, 2))), ("mesh 2x4", dict(mesh=make_mesh(2, 4))),
+                      ("pmap 4", dict(devices=jax.devices()[:4])), ("mesh 2x4 slots 3", dict(mesh=make_mesh(2, 4), slots=3)),
+                      ("pmap 2 slots 3", dict(devices=jax.devices()[:2], slots=3))):
+        got = ll.generate(dgm, gids, gmask, cfg, jax.random.key(3), canvas_noise=supplied, **kw)
+        res["canvas"][f"{label}, {'supplied' if supplied is not None else 'drawn'}"] = dict(
+            tokens=bool((got.tokens == one.tokens).all()), nfe=bool((got.nfe == one.nfe).all()))
+    res["canvas"]["spread " + ("supplied" if supplied is not None else "drawn")] = sorted(set(one.nfe.tolist()))
 print(json.dumps(res))
 """
 
@@ -223,3 +253,15 @@ def test_likelihood_on_a_mesh_equals_one_device(eight_devices):
     for mesh, values in scores.items():
         # float32 sums partitioned differently: measured differences ~1e-6 of values ~ -10..-60
         assert np.allclose(values, one, rtol=1e-5, atol=1e-4), (mesh, values, one.tolist())
+
+
+@pytest.mark.slow
+def test_a_canvas_rules_draws_follow_its_prompts_onto_every_placement(eight_devices):
+    """DiffusionGemma's sampler (entropy_bound, sampling, its noise drawn from the rng) on 5 prompts: 2 meshes, pmap
+    over 4 devices and slots on a mesh and with pmap decode each prompt as one device does (a prompt's draws are
+    keyed by its index in the batch and split with the rows, decode/draws.py), with its draws drawn or supplied; the
+    rows stop at different passes."""
+    got = dict(eight_devices["canvas"])
+    spreads = [got.pop(k) for k in ("spread drawn", "spread supplied")]
+    assert len(got) == 10 and all(v == dict(tokens=True, nfe=True) for v in got.values()), got
+    assert all(len(s) > 1 for s in spreads), spreads  # measured: 5 and 2 different NFE

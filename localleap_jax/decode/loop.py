@@ -24,7 +24,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from localleap_jax.decode.cache import CachePolicy
 from localleap_jax.decode.canvas import Block, Canvas, Region, rows_take, rows_where
-from localleap_jax.decode.draws import canvas_draws
+from localleap_jax.decode.draws import PromptDraws, canvas_draws
 from localleap_jax.decode.recorder import Recorder
 from localleap_jax.decode.step import Scoring, StepResult, canvas_step, denoise_step
 from localleap_jax.decode.stop import StopPolicy
@@ -83,8 +83,8 @@ class Pass(NamedTuple):
     canvas: Canvas  # the rows' layout (a fixed batch: built once; slots: the prompts the slots hold now)
     rule: Any  # the rule with one value per row in every setting
     rule_state0: Any  # a fresh rule state for every row (a row entering a block restarts from it)
-    noise: Any = None  # a canvas rule's supplied uniform draws [prompts, J, N + 1, C] (decode/draws.py); None: drawn
-    prompt: Any = None  # [B] each row's prompt index (a canvas rule's draws); None: its row in the batch
+    draws: Any = None  # a canvas rule's PromptDraws (decode/draws.py): one entry per prompt
+    prompt: Any = None  # [B] each row's entry in `draws`; None: its row in the batch
 
 
 def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | None, *, loop: LoopSettings,
@@ -101,8 +101,8 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     draws = None
     if loop.traits.canvas:  # a uniform-noise canvas: a working row starting one takes its first draw
         prompt = jnp.arange(B) if at.prompt is None else at.prompt
-        draws = canvas_draws(rng, prompt, state.nfe, at.noise, state.block, state.step_in_block,
-                             vocab=denoiser.vocab, length=T)
+        draws = canvas_draws(at.draws, prompt, state.nfe, state.block, state.step_in_block, vocab=denoiser.vocab,
+                             length=T)
         first = jnp.where((~state.done & (state.step_in_block == 0))[:, None], draws.initial, block.tokens)
         state = state._replace(x=state.x.at[jnp.arange(B)[:, None], block.idx].set(first))
         block = block._replace(tokens=first)
@@ -214,10 +214,10 @@ def commit_free_tokens(step: StepResult, free: Bool[Array, "B"], tokens: Int[Arr
                          finished=finished)
 
 
-def initial_state(denoiser: Denoiser, canvas: Canvas, rule, *, loop: LoopSettings, noise=None
+def initial_state(denoiser: Denoiser, canvas: Canvas, rule, *, loop: LoopSettings, draws: PromptDraws | None = None
                   ) -> tuple[LoopState, Pass]:
-    """The state before the first pass, and the pass's fixed pieces, for the rows of `canvas` (`noise`: a canvas
-    rule's supplied draws)."""
+    """The state before the first pass, and the pass's fixed pieces, for the rows of `canvas` (`draws`: a canvas
+    rule's, per prompt)."""
     B = canvas.batch
     region = loop.gen_length if loop.traits.region == "generated" else loop.sub_block_length or loop.block_length
     rule_state0 = run_init(rule, B, region, denoiser.vocab)
@@ -228,7 +228,7 @@ def initial_state(denoiser: Denoiser, canvas: Canvas, rule, *, loop: LoopSetting
                                          else loop.max_passes or loop.gen_length,  # store passes: more than G
                                          loop.traits.edits),
                       zeros if loop.traits.revokes else (), zeros if loop.traits.edits else ())
-    return state, Pass(canvas, rule, rule_state0, noise)
+    return state, Pass(canvas, rule, rule_state0, draws)
 
 
 def row_bound(loop: LoopSettings, canvas: Canvas) -> int:
@@ -238,12 +238,12 @@ def row_bound(loop: LoopSettings, canvas: Canvas) -> int:
 
 
 def decode_loop(denoiser: Denoiser, ids: Int[Array, "B P"], mask: Bool[Array, "B P"], rng: jax.Array | None, rule,
-                noise: Int[Array, "B J S C"] | None = None, *, loop: LoopSettings, special: SpecialIds) -> LoopOutput:
-    """The whole generation for one batch. `rule` has one value per row in every setting (`with_rows`); `noise`:
-    a canvas rule's supplied uniform draws (decode/draws.py), None: drawn from `rng`."""
+                draws: PromptDraws | None = None, *, loop: LoopSettings, special: SpecialIds) -> LoopOutput:
+    """The whole generation for one batch. `rule` has one value per row in every setting (`with_rows`); `draws`:
+    a canvas rule's, one entry per row (decode/draws.py; `rng` is the masked rules' sampling key)."""
     canvas = Canvas.build(ids, mask, gen_length=loop.gen_length, block_length=loop.block_length,
                           mask_id=special.mask, shift=denoiser.shift, grid=loop.block_grid)
-    state, at = initial_state(denoiser, canvas, rule, loop=loop, noise=noise)
+    state, at = initial_state(denoiser, canvas, rule, loop=loop, draws=draws)
     bound = row_bound(loop, canvas)  # every row works in every pass until it is done: a bound on passes
 
     def body(state: LoopState) -> LoopState:

@@ -24,6 +24,7 @@ from localleap_jax.compile_cache import compile_once, signature
 from localleap_jax.config import ModelConfig
 from localleap_jax.decode.canvas import grid_tail
 from localleap_jax.decode.config import DecodeConfig, check_room, grid_blocks, prompt_arrays
+from localleap_jax.decode.draws import prompt_draws
 from localleap_jax.decode.loop import LoopOutput, decode_loop
 from localleap_jax.decode.slots import decode_slots
 from localleap_jax.rules import DecodeError
@@ -104,12 +105,14 @@ class Placement(Protocol):
         """Rows the program runs for a batch of `batch` (padded with copies of row 0 to fill the devices)."""
         ...
 
-    def place(self, denoiser, ids: np.ndarray, mask: np.ndarray, key: jax.Array | None, rule) -> tuple[Any, tuple]:
-        """(denoiser, program inputs) on the devices, from host inputs of `rows` rows."""
+    def place(self, denoiser, ids: np.ndarray, mask: np.ndarray, key: jax.Array | None, rule, draws
+              ) -> tuple[Any, tuple]:
+        """(denoiser, program inputs) on the devices, from host inputs of `rows` rows: `key` one per batch (a data
+        shard takes its own), `rule` and `draws` (a canvas rule's PromptDraws, or None) trees of per-row arrays."""
         ...
 
     def lower(self, loop_fn: Callable, denoiser, inputs: tuple):
-        """`loop_fn(denoiser, ids, mask, key, rule) -> LoopOutput`, lowered for these inputs."""
+        """`loop_fn(denoiser, ids, mask, key, rule, draws) -> LoopOutput`, lowered for these inputs."""
         ...
 
     def fetch(self, out: LoopOutput, batch: int) -> LoopOutput:
@@ -126,8 +129,8 @@ class OneDevice:
     def rows(self, batch):
         return batch
 
-    def place(self, denoiser, ids, mask, key, rule):
-        return denoiser, (ids, mask, key, rule)
+    def place(self, denoiser, ids, mask, key, rule, draws):
+        return denoiser, (ids, mask, key, rule, draws)
 
     def lower(self, loop_fn, denoiser, inputs):
         return jax.jit(loop_fn).lower(denoiser, *inputs)
@@ -153,15 +156,13 @@ def check_slots(slots) -> int | None:
     return int(slots)
 
 
-def check_canvas_noise(noise, cfg: DecodeConfig, config: ModelConfig, batch: int, placement) -> np.ndarray | None:
+def check_canvas_noise(noise, cfg: DecodeConfig, config: ModelConfig, batch: int) -> np.ndarray | None:
     """`canvas_noise` as int32 [B, J, N + 1, C] (J canvases, N the rule's most passes a canvas), or None; refused in
     one line where it cannot apply."""
     if noise is None:
         return None
     if not cfg.traits.canvas:
         raise DecodeError(f"canvas_noise is a canvas rule's (a uniform-noise canvas model); {cfg.rule.name} draws none")
-    if not isinstance(placement, OneDevice):
-        raise DecodeError("canvas_noise runs on one device (no mesh or devices): its rows are the prompts'")
     J = cfg.gen_length // cfg.block_length
     want = (batch, J, cfg.pass_bound(config) // J + 1, cfg.block_length)
     noise = np.asarray(noise)
@@ -199,7 +200,7 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
     B, P = ids_b.shape
     if cfg.traits.canvas:
         model.denoiser.check_prompt(ids_b)  # what the canvas model cannot take (image tokens), in one line
-    noise = check_canvas_noise(canvas_noise, cfg, model.config, B, placement)
+    noise = check_canvas_noise(canvas_noise, cfg, model.config, B)
     rule = cfg.rule
     rows = placement.rows(B)
     shards = placement.rows(1)  # rows are padded to a multiple of the data shards
@@ -207,11 +208,12 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
     rule_rows = jax.tree.map(lambda a: pad_rows(a, rows), rule.with_rows(B))
     loop = cfg.loop_settings(trace, model.config)
     special = model.special
-    key = rng if cfg.draws else None  # greedy decoding draws nothing: no key, one program
+    # A canvas rule's draws are per prompt (decode/draws.py), split with the rows: the same on every placement. A
+    # masked rule's sampling key is per batch (each data shard its own); greedy decoding draws nothing: no key.
+    draws = jax.tree.map(lambda a: pad_rows(a, rows), prompt_draws(rng, B, noise)) if cfg.traits.canvas else None
+    key = rng if cfg.draws and draws is None else None
     denoiser, inputs = placement.place(decoding_denoiser(model, cfg), pad_rows(ids_b, rows), pad_rows(mask_b, rows), key,
-                                       rule_rows)
-    if noise is not None:  # one device only (check_canvas_noise): the loop's sixth input
-        inputs = (*inputs, noise)
+                                       rule_rows, draws)
     loop_fn = (functools.partial(decode_loop, loop=loop, special=special) if per_shard is None else
                functools.partial(decode_slots, loop=loop, special=special, slots=per_shard))
     program_key: Hashable = (placement, loop, special, per_shard, signature(denoiser), signature(inputs))

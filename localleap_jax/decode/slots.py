@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from localleap_jax.decode.canvas import Canvas, rows_where
+from localleap_jax.decode.draws import PromptDraws
 from localleap_jax.decode.loop import LoopOutput, LoopSettings, LoopState, Pass, initial_state, one_pass, row_bound
 from localleap_jax.denoiser import Denoiser, SpecialIds
 
@@ -63,10 +64,10 @@ def write_rows(results, rows, dest: Int[Array, "S"]):
 
 
 def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "N P"], rng: jax.Array | None, rule,
-                 noise: Int[Array, "N J S C"] | None = None, *, loop: LoopSettings, special: SpecialIds,
+                 draws: PromptDraws | None = None, *, loop: LoopSettings, special: SpecialIds,
                  slots: int) -> LoopOutput:
     """The whole generation of N prompts through min(slots, N) rows; outputs in prompt order. `rule` has one value
-    per prompt in every setting (`with_rows(N)`); `noise`: a canvas rule's supplied draws, per prompt."""
+    per prompt in every setting (`with_rows(N)`); `draws`: a canvas rule's, per prompt."""
     N = ids.shape[0]
     S = min(slots, N)
     queue = Canvas.build(ids, mask, gen_length=loop.gen_length, block_length=loop.block_length,
@@ -74,7 +75,7 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
     first = jnp.arange(S)
     canvas0 = dataclasses.replace(queue, **{f: getattr(queue, f)[:S] for f in _LAYOUT})
     rule0 = take_rows(rule, first)
-    state0, at0 = initial_state(denoiser, canvas0, rule0, loop=loop, noise=noise)
+    state0, at0 = initial_state(denoiser, canvas0, rule0, loop=loop, draws=draws)
     fresh = (state0.rule_state, state0.record, state0.remasks, state0.edits)  # a row's state before its first pass
     bound = row_bound(loop, queue)  # passes one row may work
     results = Results(queue.x0, jnp.zeros((N,), jnp.int32),
@@ -91,7 +92,7 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
 
     def body(st: SlotState) -> SlotState:
         canvas = dataclasses.replace(queue, **dict(zip(_LAYOUT, st.layout)))
-        state, moved = one_pass(denoiser, st.loop, Pass(canvas, st.rule, at0.rule_state0, noise, st.prompt), rng,
+        state, moved = one_pass(denoiser, st.loop, Pass(canvas, st.rule, at0.rule_state0, draws, st.prompt), rng,
                                 loop=loop, special=special)
         # A row that used up its passes (a rule that revokes, at max_passes) stops as it would alone.
         state = state._replace(done=state.done | (state.nfe >= bound))

@@ -97,22 +97,23 @@ class DataModelMesh(_OnDataModelMesh):
 
     kind = "decode/mesh"
 
-    def place(self, denoiser, ids, mask, key, rule):
+    def place(self, denoiser, ids, mask, key, rule, draws):
         denoiser = denoiser.replace(params=_params_on(denoiser.params, self.mesh))
         batch = NamedSharding(self.mesh, P(DATA))
         keys = None if key is None else np.asarray(jax.random.key_data(jax.random.split(key, self.mesh.shape[DATA])))
         put = lambda a: _global(np.asarray(a), batch)  # noqa: E731
-        return denoiser, (put(ids), put(mask), None if keys is None else put(keys), jax.tree.map(put, rule))
+        return denoiser, (put(ids), put(mask), None if keys is None else put(keys), jax.tree.map(put, rule),
+                          jax.tree.map(put, draws))
 
     def lower(self, loop_fn, denoiser, inputs):
-        def per_shard(den, shard_ids, shard_mask, shard_keys, shard_rule):
+        def per_shard(den, shard_ids, shard_mask, shard_keys, shard_rule, shard_draws):
             key = None if shard_keys is None else jax.random.wrap_key_data(shard_keys[0])  # one stream per shard
-            out = loop_fn(den, shard_ids, shard_mask, key, shard_rule)
+            out = loop_fn(den, shard_ids, shard_mask, key, shard_rule, shard_draws)
             return out._replace(passes=out.passes[None], full_passes=out.full_passes[None])  # one per shard
 
         rows = P(DATA)
         sharded = jax.shard_map(per_shard, mesh=self.mesh,
-                                in_specs=(P(), rows, rows, rows if inputs[2] is not None else None, rows),
+                                in_specs=(P(), rows, rows, rows if inputs[2] is not None else None, rows, rows),
                                 out_specs=rows, axis_names={DATA}, check_vma=False)
         return jax.jit(sharded).lower(denoiser, *inputs)
 

@@ -39,15 +39,16 @@ class Replicated:
     def rows(self, batch):
         return -(-batch // len(self.devices)) * len(self.devices)
 
-    def place(self, denoiser, ids, mask, key, rule):
+    def place(self, denoiser, ids, mask, key, rule, draws):
         n = len(self.devices)
         split = lambda a: np.asarray(a).reshape(n, -1, *np.shape(a)[1:])  # noqa: E731  [rows] -> [n, rows / n]
         keys = None if key is None else jax.random.split(key, n)
-        return _replicated(denoiser, self.devices), (split(ids), split(mask), keys, jax.tree.map(split, rule))
+        return _replicated(denoiser, self.devices), (split(ids), split(mask), keys, jax.tree.map(split, rule),
+                                                     jax.tree.map(split, draws))
 
     def lower(self, loop_fn, denoiser, inputs):
         sampling = inputs[2] is not None
-        return jax.pmap(loop_fn, in_axes=(None, 0, 0, 0 if sampling else None, 0),
+        return jax.pmap(loop_fn, in_axes=(None, 0, 0, 0 if sampling else None, 0, 0),
                         devices=list(self.devices)).lower(denoiser, *inputs)
 
     def fetch(self, out, batch):
