@@ -54,8 +54,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 class Tokenizer:
     """Chat formatting, left-padded batches and generated-text decoding for one model."""
 
-    def __init__(self, hf_tokenizer, *, mask_id: int, eos_id: int, pad_id: int | None = None):
+    def __init__(self, hf_tokenizer, *, mask_id: int, eos_id: int, pad_id: int | None = None,
+                 end_ids: Sequence[int] = ()):
         self.hf = hf_tokenizer
+        self.end_ids = tuple(int(t) for t in end_ids)  # more ids that end a row (a model listing several EOS ids)
         self.mask_id = int(mask_id)
         self.eos_id = int(eos_id)
         self.pad_id = int(eos_id if pad_id is None else pad_id)
@@ -70,7 +72,8 @@ class Tokenizer:
                 raise TokenizerError(f"{name} id {value} is not a token of the tokenizer (it has {self.vocab_size} ids)")
 
     @classmethod
-    def from_dir(cls, path: str | Path, *, mask_id: int, eos_id: int, pad_id: int | None = None) -> "Tokenizer":
+    def from_dir(cls, path: str | Path, *, mask_id: int, eos_id: int, pad_id: int | None = None,
+                 end_ids: Sequence[int] = ()) -> "Tokenizer":
         from transformers import PreTrainedTokenizerFast
 
         path = Path(path)
@@ -80,7 +83,7 @@ class Tokenizer:
             hf = PreTrainedTokenizerFast.from_pretrained(str(path))
         except Exception as e:  # a damaged tokenizer.json / tokenizer_config.json: one line naming it
             raise TokenizerError(f"the tokenizer in {path} cannot be read ({type(e).__name__}: {first_line(e)})") from None
-        return cls(hf, mask_id=mask_id, eos_id=eos_id, pad_id=pad_id)
+        return cls(hf, mask_id=mask_id, eos_id=eos_id, pad_id=pad_id, end_ids=end_ids)
 
     @property
     def vocab_size(self) -> int:
@@ -90,7 +93,10 @@ class Tokenizer:
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
-        return (self.eos_id,) if self.eot_id is None else (self.eos_id, self.eot_id)
+        """The ids a generated text ends at: EOS, the end of turn, and every other id that ends a row of the model
+        (`end_ids`: config.json's eos_token_id list, DiffusionGemma's)."""
+        ids = (self.eos_id,) if self.eot_id is None else (self.eos_id, self.eot_id)
+        return ids + tuple(t for t in self.end_ids if t not in ids)
 
     def chat(self, prompt: str) -> str:
         """The prompt as one user turn followed by the assistant header."""

@@ -3,6 +3,7 @@
     python experiments/eval_gsm8k.py                       # the embedded chain model, offline, ~7 min on 2 CPU cores
     python experiments/eval_gsm8k.py --model GSAI-ML/LLaDA-8B-Instruct          # GPU/TPU: converts once, then reuses
     python experiments/eval_gsm8k.py --checkpoint DIR --data test.jsonl --limit 200
+    python experiments/eval_gsm8k.py --checkpoint ckpt/diffusion-gemma --limit 200   # DiffusionGemma: its canvas rules
     python experiments/eval_gsm8k.py --rules path/to/myrules.py --strategies steady:k=2,threshold   # your own rule
 
 lm-eval provides the task (few-shot prompts, stop strings), the filters (`strict-match`,
@@ -39,7 +40,8 @@ from localleap_jax.gsm8k import (RULES_HELP, EvalSettings, Progress, UserError, 
                                  rule_record, run_strategy, summarize, write_atomically, write_task)
 from localleap_jax.lm_eval import follow
 from localleap_jax.partition import parse_mesh
-from localleap_jax.rules import split_specs
+from localleap_jax.rules import RULES, SHARED_SETTINGS, parse_spec, split_specs
+from localleap_jax.rules.strategy import settings_taken
 
 RUNS = Path("runs") / "eval_gsm8k"  # the default --output's parent, under the current directory
 LLADA_HINT = ("To evaluate LLaDA-8B-Instruct (GPU/TPU, internet for the first run): "
@@ -68,10 +70,13 @@ def parse_args(argv=None):
     ap.add_argument("--strategies",
                     help="comma-separated rules, each a name with optional settings, e.g. "
                          "localleap,threshold:kappa=0.8,eb:gamma=0.01,klass:tau_c=0.6,tau_kl=0.015; the first is the "
-                         "baseline of the ratios (default: low_confidence,threshold,localleap; for a block-diffusion "
-                         "model low_confidence,dynamic:threshold=0.9,threshold,localleap; names: low_confidence, "
-                         "threshold, localleap, factor, eb, margin, entropy, klass, stable, dynamic; and those "
-                         "--rules registers)"),
+                         "baseline of the ratios (default: the model family's, e.g. low_confidence,threshold,"
+                         "localleap; for SDAR low_confidence,dynamic:threshold=0.9,threshold,localleap; for a "
+                         "uniform-noise canvas model (DiffusionGemma) its canvas rules entropy_bound,localleap_uniform; "
+                         "names: "
+                         "low_confidence, threshold, localleap, factor, eb, margin, entropy, klass, stable, dynamic; "
+                         "canvas rules entropy_bound, localleap_uniform; and those --rules registers; a masked rule "
+                         "on a canvas model, or a canvas rule on a masked one, is refused)"),
     ap.add_argument("--rules", action="append", metavar="FILE.py|MODULE", help=RULES_HELP)
     ap.add_argument("--limit", type=positive, help="evaluate only the first N problems")
     ap.add_argument("--batch-size", type=positive, default=32, help="rows decoded at once (default 32)")
@@ -79,9 +84,12 @@ def parse_args(argv=None):
                                                    "a finished row's slot takes the next prompt inside the loop")
     ap.add_argument("--queue", type=positive, help="prompts per compiled call through the slots (default 4 x "
                                                    "--slots; equal to --slots: fixed batches, as before slots)")
-    ap.add_argument("--gen-length", type=positive, help="generation canvas (default 256; the embedded model's own: 64)")
-    ap.add_argument("--block-length", type=positive, help="block size (default 32; embedded model: 16; a "
-                                                            "block-diffusion model: its own block_size)")
+    ap.add_argument("--gen-length", type=positive, help="generation canvas (default 256; the embedded model's own: 64; "
+                                                        "a uniform-noise canvas model: 256 rounded up to whole "
+                                                        "canvases)")
+    ap.add_argument("--block-length", type=positive,
+                    help="block size (default 32; embedded model: 16; a block-diffusion model: its own block_size; a "
+                         "uniform-noise canvas model (DiffusionGemma): its canvas_length)")
     ap.add_argument("--num-fewshot", type=count, help="few-shot examples (default 5; embedded model: 0)")
     ap.add_argument("--truncate-fewshot", action="store_true",
                     help="drop few-shot examples from the front of a prompt that is too long for the model (counted "
@@ -91,18 +99,25 @@ def parse_args(argv=None):
     ap.add_argument("--kappa", type=probability, help="anchor / threshold confidence of the rules that take it "
                                                       "(default: the rule's, 0.9); a rule's own setting wins")
     ap.add_argument("--tau", type=probability, help="relaxed threshold near an anchor (localleap; default 0.75)")
-    ap.add_argument("--radius", type=count, help="W, the anchor neighbourhood (localleap; default 4)")
+    ap.add_argument("--radius", type=count,
+                    help="W, the anchor neighbourhood (localleap, localleap_uniform; default 4); --steps, --kappa, "
+                         "--tau, --radius: refused when no strategy of the run takes it (e.g. --kappa with the canvas "
+                         "rules)")
     ap.add_argument("--cache", default="auto",
-                    help="KV cache: auto, none, prefix, dual or block (default auto: the exact block cache for a "
-                         "block-diffusion model, none otherwise); a comma-separated list runs each, names the rows "
+                    help="KV cache: auto, none, prefix, dual, block or encoder (default auto: the exact block cache "
+                         "for a block-diffusion model, the encoder's K/V for a uniform-noise canvas model (its only "
+                         "cache), none otherwise); a comma-separated list runs each, names the rows "
                          "strategy+cache and reports the fraction of outputs identical to the first mode's")
-    ap.add_argument("--early-stop", action="store_true", help="stop a row after a finished block that holds EOS")
+    ap.add_argument("--early-stop", action="store_true",
+                    help="stop a row after a finished block that holds EOS (a masked model's; a canvas model's rows "
+                         "always end on EOS)")
     ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
                     help="parameter dtype: auto (fp32 on CPU, bf16 on GPU/TPU), bfloat16, float32")
     ap.add_argument("--output", help="output directory (default runs/eval_gsm8k/<model>-<8 hex of its weights' "
                     "fingerprint>, under the current directory)")
     ap.add_argument("--no-compile-cache", action="store_true", help="do not use JAX's persistent compilation cache")
-    ap.add_argument("--seed", type=seed, default=0)
+    ap.add_argument("--seed", type=seed, default=0, help="seed of the draws: sampling, a uniform-noise canvas model's "
+                                                         "noise (default 0)")
     dist = ap.add_argument_group("devices and processes", "every process of a multi-process run runs the same "
                                  "command (with its own --process-id); process 0 writes everything")
     dist.add_argument("--mesh", help="data=D,model=M: split the batch D ways and the weights M ways over all devices "
@@ -189,8 +204,11 @@ def run(args, mesh, progress: Progress) -> int:
         early_stop=args.early_stop, cache=args.caches[0], steps=args.steps, kappa=args.kappa, tau=args.tau,
         radius=args.radius, compile_cache=not args.no_compile_cache, mesh=mesh)
     if not config.block_causal and settings.gen_length % settings.block_length:
+        whole = ("the model decodes whole canvases of its canvas_length" if config.canvas_length else
+                 "the canvas is cut into whole blocks")
         raise UserError(f"--gen-length {settings.gen_length} is not a multiple of --block-length {settings.block_length}"
-                        " (the canvas is cut into whole blocks)")
+                        f" ({whole})")
+    check_shared_flags(args.strategies, settings)
     for cache_mode in args.caches:  # every strategy with every cache of the list, before any work
         check_strategies(args.strategies, dataclasses.replace(settings, cache=cache_mode),
                          f" with --cache {cache_mode}" if len(args.caches) > 1 else "")
@@ -222,6 +240,20 @@ def check_strategies(strategies: list[str], settings: EvalSettings, where: str =
         except DecodeError as e:
             hint = "; a rule of your own: --rules path/to/myrules.py" if str(e).startswith("unknown strategy") else ""
             raise UserError(f"--strategies {strategy}{where}: {e}{hint}") from None
+
+
+def check_shared_flags(strategies: list[str], settings: EvalSettings) -> None:
+    """A shared flag (--kappa, --tau, --radius, --steps) that no strategy of the run takes would change nothing:
+    refused in one line (e.g. --kappa with the canvas rules of a DiffusionGemma checkpoint)."""
+    for flag in SHARED_SETTINGS:
+        value = getattr(settings, flag)
+        if value is None:
+            continue
+        names_ = [parse_spec(s)[0] for s in strategies]
+        if not any(flag in settings_taken(n) for n in names_ if n in RULES):
+            takers = sorted(n for n in RULES if flag in settings_taken(n))
+            raise UserError(f"--{flag} {value}: none of the strategies ({', '.join(names_)}) takes {flag}, so it would "
+                            f"change nothing; the rules that do: {', '.join(takers)}")
 
 
 def evaluate_all(model, strategies, caches, settings, task, out, progress) -> tuple[dict, list[dict]]:

@@ -15,7 +15,7 @@
 
 from localleap_jax.decode.cache import CACHE_MODES, CACHE_POLICIES, CachePolicy, DualCache, NoCache, PrefixCache
 from localleap_jax.decode.canvas import Canvas
-from localleap_jax.decode.config import DecodeConfig, check_room
+from localleap_jax.decode.config import DecodeConfig, check_room, model_canvas
 from localleap_jax.decode.loop import LoopOutput, LoopSettings, LoopState, decode_loop
 from localleap_jax.decode.recorder import NoRecorder, Recorder, TraceBuffers, TraceRecorder
 from localleap_jax.decode.run import Generation, OneDevice, Placement, generate, pad_rows, prepare_inputs, run
@@ -27,4 +27,4 @@ __all__ = ["CACHE_MODES", "CACHE_POLICIES", "CachePolicy", "Canvas", "DecodeConf
            "Generation", "LoopOutput", "LoopSettings", "LoopState", "NeverStop", "NoCache",
            "NoRecorder", "OneDevice", "Placement", "PrefixCache", "Recorder", "Scoring", "StepResult", "StopAny",
            "StopAtEos", "StopPolicy", "TraceBuffers", "TraceRecorder", "check_room", "decode_loop", "denoise_step",
-           "generate", "pad_rows", "predict", "prepare_inputs", "run"]
+           "generate", "model_canvas", "pad_rows", "predict", "prepare_inputs", "run"]

@@ -299,6 +299,21 @@ class DecodeConfig:
         return cls(strategy=rules.rule_from_json(data["rule"]), **fields)
 
 
+def model_canvas(model, gen_length: int) -> dict[str, int]:
+    """What a model fixes of the canvas when a caller leaves it to the model (`model`: a ModelConfig, or None),
+    beside a default `gen_length`: a block-diffusion model decodes in blocks of its block_size; a uniform-noise
+    canvas model (DiffusionGemma) in canvases of its canvas_length, gen_length rounded up to whole canvases (as
+    transformers' generate rounds max_new_tokens). {}: nothing (a bidirectional masked model)."""
+    if model is None:
+        return {}
+    if model.canvas_length:
+        size = model.canvas_length
+        return {"block_length": size, "gen_length": -(-int(gen_length) // size) * size}
+    if model.block_causal:
+        return {"block_length": model.block_size}
+    return {}
+
+
 def check_room(gen_length: int, max_sequence_length: int) -> None:
     """A canvas of gen_length must leave a model of this length room for at least one prompt token."""
     if gen_length >= max_sequence_length:

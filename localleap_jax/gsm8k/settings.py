@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from localleap_jax.decode import DecodeConfig
+from localleap_jax.decode import DecodeConfig, model_canvas
 from localleap_jax.families import family_of
 from localleap_jax.rules import with_shared_settings
 
@@ -16,11 +16,12 @@ DEFAULT_STRATEGIES = "low_confidence,threshold,localleap"  # before the model is
 
 def model_defaults(manifest: dict, config=None) -> dict:
     """A checkpoint's evaluation defaults: its manifest's `eval_defaults` over the papers' setting (the
-    embedded model's own canvas is smaller); a block-diffusion model's block is its block_size (`config`,
-    the ModelConfig, when known)."""
-    family = {"block_length": config.block_size} if config is not None and config.block_causal else {}
+    embedded model's own canvas is smaller), with what the model fixes (`config`, the ModelConfig, when known;
+    `decode.model_canvas`): a block-diffusion model's block is its block_size; a uniform-noise canvas model's
+    (DiffusionGemma) is its canvas_length, and gen_length the papers' 256 rounded up to whole canvases."""
     own = {k: v for k, v in manifest.get("eval_defaults", {}).items() if k != "strategies"}
-    return {**DEFAULTS, **family, **own}
+    fixed = model_canvas(config, own.get("gen_length", DEFAULTS["gen_length"]))
+    return {**DEFAULTS, **fixed, **own}
 
 
 def default_strategies(config=None, manifest: dict | None = None) -> str:
@@ -46,7 +47,8 @@ class EvalSettings:
     seed: int = 0
     truncate_fewshot: bool = False  # drop few-shot examples from a prompt too long for the model
     early_stop: bool = False
-    cache: str = "auto"  # the KV cache mode ("auto": the exact block cache for block diffusion, else none)
+    cache: str = "auto"  # the KV cache mode ("auto": the exact block cache for block diffusion, the encoder's K/V
+    # for a uniform-noise canvas model, else none)
     # The rules' shared settings (None: each rule's default; a setting in a rule's spec wins).
     steps: int | None = None
     kappa: float | None = None

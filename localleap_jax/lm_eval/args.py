@@ -16,12 +16,13 @@ from jax.sharding import Mesh
 
 from localleap_jax.cli import DEFAULT_CHECKPOINT
 from localleap_jax.errors import ModelArgsError
-from localleap_jax.decode import DecodeConfig, DecodeError, check_room
+from localleap_jax.decode import DecodeConfig, DecodeError, check_room, model_canvas
+from localleap_jax.families import family_of
 from localleap_jax.likelihood import ESTIMATOR_NAMES, LikelihoodConfig, LikelihoodError
 from localleap_jax.partition import parse_mesh
 from localleap_jax.rules import RULES, SHARED_SETTINGS, with_shared_settings
 from localleap_jax.rules.base import make_spec, settings_of
-from localleap_jax.rules.registry import parse_spec, parse_value
+from localleap_jax.rules.registry import parse_spec, parse_value, split_specs
 from localleap_jax.rules.sources import RulesError, load_rules
 
 
@@ -241,10 +242,10 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
         name, spec_settings = parse_spec(decode.get("strategy", DecodeConfig.strategy))
         decode["strategy"] = make_spec(name, {**spec_settings, **rule_extra})
     try:
-        # Without a block_length the model decides it (a block-diffusion model's own): `fit_to_model` checks
-        # the canvas once the model is loaded.
+        # Without a block_length or gen_length the model decides them (a block-diffusion model's block, a canvas
+        # model's canvases): `fit_to_model` checks the canvas once the model is known.
         rule = with_shared_settings(decode.pop("strategy", DecodeConfig.strategy), **shared)
-        cfg = DecodeConfig(strategy=rule, **decode).validate(canvas="block_length" in decode)
+        cfg = DecodeConfig(strategy=rule, **decode).validate(canvas={"block_length", "gen_length"} <= set(decode))
     except DecodeError as e:
         unknown = str(e).startswith("unknown strategy")
         hint = "; a rule of your own: model_args rules=path/to/myrules.py" if unknown else ""
@@ -283,12 +284,31 @@ def check_gen_length(cfg: DecodeConfig, max_sequence_length: int) -> None:
 
 
 def fit_to_model(cfg: DecodeConfig, config, given: dict[str, Any]) -> DecodeConfig:
-    """The DecodeConfig for the loaded model: a block-diffusion model decodes in its own blocks unless
-    block_length was given (and then it must match), checked with everything else that depends on the model
-    (a bidirectional model keeps the default block_length and has its canvas checked here)."""
-    if config.block_causal and "block_length" not in given:
-        cfg = dataclasses.replace(cfg, block_length=config.block_size)
+    """The DecodeConfig for the model (its ModelConfig: the loaded model's, or its config.json's before any weight
+    is read): what the model fixes of the canvas and was not given (`decode.model_canvas`: a block-diffusion
+    model's blocks of its block_size; a uniform-noise canvas model's canvases of its canvas_length, gen_length
+    rounded up to whole canvases), and, without a `strategy`, a rule the model can run (`default_strategy`);
+    checked with everything else that depends on the model (a bidirectional model keeps the default
+    block_length and has its canvas checked here)."""
+    fixed = {k: v for k, v in model_canvas(config, cfg.gen_length).items() if k not in given}
+    if "strategy" not in given:
+        fixed["strategy"] = default_strategy(cfg, config, given)
+    cfg = dataclasses.replace(cfg, **fixed) if fixed else cfg
     try:
         return cfg.validate(config)
     except DecodeError as e:
         raise ModelArgsError(f"model_args: {e}") from None
+
+
+def default_strategy(cfg: DecodeConfig, config, given: dict[str, Any]):
+    """The rule of model arguments that name no strategy: DecodeConfig's default (localleap), unless the model
+    cannot run it (a uniform-noise canvas model runs canvas rules only: DiffusionGemma), then its family's first
+    evaluation strategy (`Family.eval_strategies`: entropy_bound), with the shared settings given applied."""
+    if cfg.traits.canvas == bool(config.canvas_length):
+        return cfg.strategy
+    spec = split_specs(family_of(config).eval_strategies)[0]
+    shared = {k: _SHARED_PARSERS[k](given[k]) for k in SHARED_SETTINGS if k in given}
+    try:
+        return with_shared_settings(spec, **shared)
+    except DecodeError as e:
+        raise ModelArgsError(f"model_args (strategy {spec}, {config.family}'s default): {e}") from None

@@ -15,7 +15,8 @@ from localleap_jax.resolve import is_hub_id, resolve_checkpoint
 from localleap_jax.decode import DecodeConfig, DecodeError
 from localleap_jax.dist.multihost import leading
 from localleap_jax.errors import LocalLeapError, UserError
-from localleap_jax.lm_eval.args import ModelArgsError, check_gen_length, parse_model_args, refuse_python_only
+from localleap_jax.lm_eval.args import (ModelArgsError, check_gen_length, fit_to_model, parse_model_args,
+                                       refuse_python_only)
 from localleap_jax.lm_eval.devices import follow, join_and_mesh, processes_of
 from localleap_jax.lm_eval.identity import CacheMismatchError
 from localleap_jax.lm_eval.prompts import PromptTooLongError
@@ -30,9 +31,10 @@ USER_ERRORS = (LikelihoodError, ModelArgsError, PromptTooLongError, CacheMismatc
                ConfigError, DecodeError, TokenizerError)
 
 
-def check_checkpoint(settings: dict, cfg: DecodeConfig) -> None:
-    """For a checkpoint on disk: it is complete and its length admits gen_length (reads two small files).
-    A hub id is left to `load`, which converts it."""
+def check_checkpoint(settings: dict, cfg: DecodeConfig, given: dict | None = None) -> None:
+    """For a checkpoint on disk: it is complete, the decoding settings fit its model (`fit_to_model` with the
+    model arguments `given`: a masked rule on a canvas model, a block_length other than its own, ...) and its
+    length admits gen_length (reads two small files, no weights). A hub id is left to `load`, which converts it."""
     name = settings["checkpoint"]
     if is_hub_id(name):  # resolving it here would start a conversion
         return
@@ -42,6 +44,8 @@ def check_checkpoint(settings: dict, cfg: DecodeConfig) -> None:
         config = read_config_file(path / "config.json")
     except ConfigError as e:
         raise CheckpointError(f"{path}: {e}") from None
+    if given is not None:
+        cfg = fit_to_model(cfg, config, given)
     check_gen_length(cfg, config.max_sequence_length)
 
 
@@ -51,7 +55,7 @@ def preflight(given: dict) -> None:
     settings, cfg = parse_model_args(given)
     if settings["stats_path"]:
         check_writable(Path(settings["stats_path"]))
-    check_checkpoint(settings, cfg)
+    check_checkpoint(settings, cfg, given)
 
 
 # What the hub libraries raise when a task's data cannot be fetched (offline, unreachable, no such dataset).

@@ -15,7 +15,13 @@ estimator (`ll.loglikelihood`, model_args mc_num, mc_batch_size, cfg, estimator)
 their stats, go to the cache hook as generations do. `is_greedy` is LLaDA's greedy-suffix check with
 `is_check_greedy=true`, else False (as in the authors' runs). `loglikelihood_rolling` (perplexity tasks) cuts the
 text into lm-eval's disjoint rolling windows of the model's length and sums the windows' estimates: each
-window's ELBO bounds its log-likelihood from below, so the sum bounds the text's.
+window's ELBO bounds its log-likelihood from below, so the sum bounds the text's. A family without an estimator
+(`Family.likelihood` None: DiffusionGemma, the block-diffusion families) refuses both in one line naming why.
+
+A uniform-noise canvas model (DiffusionGemma) decodes the same way with a canvas rule: without model_args
+`strategy` its family's first (entropy_bound), blocks of its canvas_length and gen_length rounded up to whole
+canvases unless given (`args.fit_to_model`); its draws come from `seed` (a key per compiled call, folded with
+each prompt's place in it), and a task that asks to sample at a temperature is refused (the rule has its own).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from localleap_jax.api import generate
 from localleap_jax.checkpoint import Model
 from localleap_jax.compile_cache import enable_compilation_cache
 from localleap_jax.resolve import resolve_checkpoint
-from localleap_jax.decode import DecodeConfig
+from localleap_jax.decode import DecodeConfig, DecodeError
 from localleap_jax.dist.multihost import leader
 from localleap_jax.lm_eval.args import (check_gen_length, default_dtype, fit_to_model, parse_model_args,
                                        refuse_python_only)
@@ -43,7 +49,8 @@ from localleap_jax.lm_eval.devices import join_and_mesh
 from localleap_jax.lm_eval.identity import answers_key, claim_cache, forget_missing_answers
 from localleap_jax.lm_eval.prompts import Prompt, cut_at_until, fit_all
 from localleap_jax.lm_eval.stats import append_stats, open_stats, pair_key, prompt_key
-from localleap_jax.likelihood import encode_pair
+from localleap_jax.families import read_config_file
+from localleap_jax.likelihood import LikelihoodError, encode_pair
 from localleap_jax.tokenizer import cut_at_stop, left_pad
 
 
@@ -52,7 +59,7 @@ LIKELIHOOD_CHUNK = 64  # likelihood requests scored between two cache writes (wh
 
 @register_model("localleap")
 class LocalLeapLM(LM):
-    """A LLaDA-architecture checkpoint decoded by `localleap_jax.generate`.
+    """A checkpoint (any family) decoded by `localleap_jax.generate`.
 
     Model arguments: those in ADAPTER_ARGS, every DecodeConfig field and the rules' shared settings (kappa, tau,
     radius, steps). `model` (a loaded Model), `on_batch` (called after each batch) and `answers_key` (a caller's
@@ -80,10 +87,12 @@ class LocalLeapLM(LM):
         self.mesh = join_and_mesh(settings)
         if model is None:
             dtype = settings["dtype"]
-            model = leader().load(resolve_checkpoint(settings["checkpoint"]),
-                                  dtype=default_dtype() if dtype == "auto" else dtype, mesh=self.mesh)
-        check_gen_length(self.cfg, model.config.max_sequence_length)
+            path = resolve_checkpoint(settings["checkpoint"])
+            if (path / "config.json").is_file():  # the settings fitted to the model before any weight is read
+                fit_to_model(self.cfg, read_config_file(path / "config.json"), given=model_args)
+            model = leader().load(path, dtype=default_dtype() if dtype == "auto" else dtype, mesh=self.mesh)
         self.cfg = fit_to_model(self.cfg, model.config, given=model_args)
+        check_gen_length(self.cfg, model.config.max_sequence_length)
         self.model = model
         self.rng = jax.random.key(self.seed)
         self.on_batch = on_batch
@@ -149,6 +158,7 @@ class LocalLeapLM(LM):
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         if not requests:
             return []
+        self._check_likelihood("loglikelihood", requests)
         family = self.model.config.family
         pairs = [encode_pair(self.model.tokenizer, *r.args[:2], family=family, add_bos_token=self.add_bos_token)
                  for r in requests]
@@ -161,6 +171,7 @@ class LocalLeapLM(LM):
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         if not requests:
             return []
+        self._check_likelihood("loglikelihood_rolling", requests)
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
         hf = self.model.tokenizer.hf
@@ -189,6 +200,7 @@ class LocalLeapLM(LM):
         if not requests:
             return []
         prompts = self._fit_prompts(requests)  # refuses over-long prompts before any generation
+        self._check_configs(requests)  # and what a request asks that the rule cannot do
         order = sorted(range(len(requests)), key=lambda i: (-len(prompts[i].ids), i))
         results: list[str | None] = [None] * len(requests)
         bar = tqdm(total=len(requests), desc=f"generate [{self.cfg.rule.spec()}]", dynamic_ncols=True,
@@ -265,6 +277,28 @@ class LocalLeapLM(LM):
         """Every request's prompt, fitted beside the canvas or refused (all at once, before any work)."""
         return fit_all(requests, self.model.tokenizer, self.chat, self.truncate_fewshot, self.fewshot_delimiter,
                        self.model.config.max_sequence_length, self.cfg.gen_length)
+
+    def _check_configs(self, requests) -> None:
+        """Every request's DecodeConfig checked against the model before any generation: a task that asks to
+        sample (do_sample with a temperature) is refused in one line for a canvas rule, which samples at its
+        own temperature schedule."""
+        for r in requests:
+            cfg = self._config_for(r.args[1])
+            if cfg is not self.cfg:
+                try:
+                    cfg.validate(self.model.config)
+                except DecodeError as e:
+                    raise DecodeError(f"the task's generation settings (do_sample, temperature="
+                                      f"{r.args[1].get('temperature')}): {e}") from None
+
+    def _check_likelihood(self, kind: str, requests) -> None:
+        """A family without a likelihood estimator (DiffusionGemma, SDAR, ...) refuses log-likelihood requests in
+        one line naming why, before any of them is encoded."""
+        family = self.model.family
+        if family.likelihood is None:
+            raise LikelihoodError(f"{len(requests)} {kind} requests (a multiple-choice or perplexity task): "
+                                  + (family.likelihood_refusal or f"likelihood of {family.title} models is not served")
+                                  + "; generation tasks (generate_until) run")
 
     def _config_for(self, gen_kwargs: dict) -> DecodeConfig:
         if gen_kwargs.get("do_sample") and float(gen_kwargs.get("temperature") or 0) > 0:
