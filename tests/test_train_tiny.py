@@ -1,6 +1,6 @@
 """train_tiny: LLaDA's SFT objective, SDAR's block-diffusion one, DiffusionGemma's uniform-noise one (its draws,
 its loss against the family's decoder run on its own, self-conditioning's stop-gradient), resumable Orbax state, and
-exports `ll.load` reads."""
+exports `ll.load` reads (the embedded DiffusionGemma twin among them)."""
 
 import dataclasses
 import json
@@ -554,3 +554,19 @@ def test_diffusion_gemma_run_lowers_the_loss_and_exports_a_checkpoint_that_round
     before = float(loss(families.init_params(trained, jax.random.key(0))))
     after = float(loss(model.params))
     assert after < 0.6 * before, (before, after)
+
+
+def test_the_embedded_diffusion_gemma_twin_answers_as_its_readme_says():
+    """`ll.load("embedded-dg")` (localleap_jax/assets/tiny-math-dg): the problem its README decodes, alone, with
+    DiffusionGemma's own sampler at its defaults (sampled, rng key 0), one canvas of 48: the worked answer, the
+    canvas finished by the stop criterion well before the pass bound."""
+    model = ll.load("embedded-dg", dtype="float32")
+    assert model.config.family == "diffusion_gemma" and model.config.canvas_length == 48
+    question = "Max has 8 bags. He gives 4 bags to Mia. How many bags does Max have left?"
+    ids, mask = model.tokenizer.encode_batch([train_tiny.PROMPT.format(question=question)])
+    cfg = ll.DecodeConfig(strategy=ll.rules.EntropyBound(), gen_length=48, block_length=48)
+    out = ll.generate(model, ids, mask, cfg, rng=jax.random.key(0))
+    assert model.tokenizer.decode_generated(out) == ["Max has 8 - 4 = <<8-4=4>>4 bags left.\n#### 4"]
+    assert out.nfe.tolist() == [3]
+    readme = (EMBEDDED.parent / "tiny-math-dg" / "README.md").read_text()
+    assert question in readme and "<<8-4=4>>4 bags left." in readme
