@@ -30,7 +30,7 @@ from localleap_jax.resolve import resolve_checkpoint
 def load(path, dtype="bfloat16", verify: bool = True, mesh=None) -> Model:
     """Restore a checkpoint (see `localleap_jax.checkpoint.load`): into `dtype`, on one device or, with `mesh`,
     straight into each parameter's shards; on several processes, every process at once (a step that fails on one
-    fails on all, so none waits). `path`: a checkpoint directory, "embedded" / "embedded-sdar" /
+    fails on all, so none waits). `path`: a checkpoint directory, "embedded" / "embedded-sdar" / "embedded-dg" /
     "embedded-chain" (the shipped small models), or a hub id (converted once)."""
     return checkpoint.load(resolve_checkpoint(path), dtype, verify, mesh,
                            agree=lambda step, what: all_succeed(step, CheckpointError, what))

@@ -37,7 +37,8 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 # The model a command runs when none is named (eval_gsm8k, sweep, analyze_dynamics, the lm-eval adapter): the embedded
 # chain model (localleap_jax/assets/tiny-chain), on which one token per pass, a low threshold and LocalLeap score
-# apart. "embedded" is tiny-math (every rule scores alike there), "embedded-sdar" its block-diffusion twin.
+# apart. "embedded" is tiny-math (every rule scores alike there), "embedded-sdar" its block-diffusion twin,
+# "embedded-dg" its DiffusionGemma twin.
 DEFAULT_CHECKPOINT = "embedded-chain"
 
 # Signals that end a command as Ctrl-C does: a scheduler's kill, `timeout`, a closed terminal or session.

@@ -19,7 +19,8 @@ CACHE_DIR = Path("~/.cache/localleap_jax/checkpoints").expanduser()
 
 def resolve_checkpoint(name: str | Path | None) -> Path:
     """A checkpoint directory from a name: None/"embedded" (the shipped small model), "embedded-sdar" (its
-    block-diffusion twin), "embedded-chain" (the chain-task model, on which the rules differ),
+    block-diffusion twin), "embedded-dg" (its DiffusionGemma twin), "embedded-chain" (the chain-task model, on
+    which the rules differ),
     a directory, or a hub id such as GSAI-ML/LLaDA-8B-Instruct or
     Dream-org/Dream-v0-Instruct-7B (converted once into a cache, then reused)."""
     if name is None or str(name) in ("", *EMBEDDED_MODELS):

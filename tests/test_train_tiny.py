@@ -1,4 +1,6 @@
-"""train_tiny: LLaDA's SFT objective, resumable Orbax state, and an export `ll.load` reads."""
+"""train_tiny: LLaDA's SFT objective, SDAR's block-diffusion one, DiffusionGemma's uniform-noise one (its draws,
+its loss against the family's decoder run on its own, self-conditioning's stop-gradient), resumable Orbax state, and
+exports `ll.load` reads (the embedded DiffusionGemma twin among them)."""
 
 import dataclasses
 import json
@@ -7,13 +9,15 @@ import shutil
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from tokenizers import Tokenizer
 
 import localleap_jax as ll
-from localleap_jax import synthetic_math
-from localleap_jax.checkpoint import EMBEDDED
+from localleap_jax import families, synthetic_math
+from localleap_jax.checkpoint import EMBEDDED, copy_tokenizer_files
 from localleap_jax.commands import train_tiny
+from localleap_jax.families import diffusion_gemma as dg
 from localleap_jax.model import forward
 
 TINY = ["--steps", "6", "--batch-size", "8", "--d-model", "32", "--n-layers", "1", "--n-heads", "2",
@@ -402,9 +406,167 @@ def test_sdar_run_warm_starts_and_exports_a_block_diffusion_checkpoint(tmp_path,
     (["--n-heads", "3"], "--n-heads 3 must divide --d-model 32"),
     (["--decode-like", "1.5"], "--decode-like is a share of rows"),
     (["--block-length", "5"], "--block-length must divide --gen-length 64"),
+    (["--family", "diffusion_gemma", "--decode-like", "0.5"], "--decode-like is for --family llada"),
+    (["--family", "diffusion_gemma", "--block-size", "4"], "--block-size is for --family sdar"),
 ])
 def test_bad_training_flags_end_in_one_line_before_anything_is_built(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as exit_:
         train_tiny.main(["--out", str(tmp_path / "run"), *TINY, *flags])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # refused before the work directory is made
+
+
+# ---------------------------------------------------------------- DiffusionGemma (--family diffusion_gemma)
+
+# One layer (a full-attention one) keeps the compiles short; the run below trains both kinds of layer.
+DG_RUN = train_tiny.TrainConfig(d_model=32, n_layers=1, n_heads=2, mlp_hidden_size=64, gen_length=8)
+
+
+def dg_config(dispatch="all"):
+    """The tiny DiffusionGemma of --family diffusion_gemma at DG_RUN's sizes; its MoE run densely (dispatch "all":
+    the same function as the sparse paths, which test_moe checks, and a quicker compile)."""
+    config = train_tiny.dg_model_config(DG_RUN, train_tiny.build_tokenizer(DG_RUN, EMBEDDED))
+    return dataclasses.replace(config, arch=dataclasses.replace(config.arch, moe_dispatch=dispatch))
+
+
+def spread_params(config, seed=0):
+    """Random parameters far enough from the init (matrices N(0, 0.3), vectors around 1) that the logits depend
+    on every input: at the init's N(0, 0.02) they are nearly uniform whatever the canvas or the self-conditioning."""
+    params = families.init_params(config, jax.random.key(seed))
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+    return jax.tree.unflatten(treedef, [x + (0.3 if x.ndim > 1 and x.shape[-1] > 1 else 0.2)
+                                        * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+
+
+def test_uniform_noise_replaces_canvas_tokens_at_ratio_t_with_uniform_draws():
+    """Measured on 8 rows of 3000 canvas columns, all one token: row b's changed share is p_b (1 - 1/V) (a draw may
+    be the token itself), p_b in its 1/8 slice of [0, 1] (stratified t, LLaDA's floor); the replacements cover the
+    vocabulary evenly (no id drawn much more or less than 1/V); the prompt columns never change."""
+    B, P, G, V, token = 8, 5, 3000, 50, 7
+    tokens = jnp.full((B, P + G), token, jnp.int32)
+    answer = jnp.asarray(np.arange(P + G) >= P)[None].repeat(B, 0)
+    noisy, p = train_tiny.uniform_noise(jax.random.key(0), tokens, answer, V)
+    noisy, p = np.asarray(noisy), np.asarray(p)
+    assert (noisy[:, :P] == token).all()
+    t = (p - 1e-3) / (1 - 1e-3)
+    assert all(b / B <= t[b] <= (b + 1) / B for b in range(B))
+    changed = (noisy[:, P:] != token).mean(axis=1)
+    np.testing.assert_allclose(changed, p * (1 - 1 / V), atol=0.03)
+    drawn = noisy[:, P:][noisy[:, P:] != token]
+    counts = np.bincount(drawn, minlength=V)
+    assert counts.size == V and (drawn < V).all()
+    expected = drawn.size / (V - 1)  # the token's own draws do not show as changes
+    others = np.delete(counts, token)
+    assert np.abs(others - expected).max() < 5 * np.sqrt(expected), (others.min(), others.max(), expected)
+
+
+def dg_batch(config, seed=0):
+    """Left-padded prompts (real lengths 6, 3, 9, 9) and a canvas of the config's length."""
+    rng = np.random.RandomState(seed)
+    P, C = 9, config.canvas_length
+    tokens = rng.randint(4, config.vocab_size, (4, P + C)).astype(np.int32)
+    mask = np.ones(tokens.shape, bool)
+    for b, n in enumerate((6, 3, 9, 9)):
+        mask[b, :P - n] = False
+        tokens[b, :P - n] = config.pad_token_id
+    answer = np.zeros(tokens.shape, bool)
+    answer[:, P:] = True
+    return jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(answer), P
+
+
+def test_canvas_loss_is_the_decoders_cross_entropy_on_the_uniformly_corrupted_canvas():
+    """Against the family's `decoder_logits` run on its own: the canvas corrupted with the loss's draws (one t per
+    row, stratified; a uniform token where replaced), the encoder over the prompt; in the rows drawn for
+    self-conditioning a second pass fed the first pass's logits (`sc_logits`: their softmax as an expected
+    embedding), in the others the first pass alone; cross-entropy of the clean canvas at every canvas position,
+    corrupted or not, unweighted, averaged. Both kinds of row are drawn."""
+    config = dg_config()
+    params = spread_params(config)
+    tokens, mask, answer, P = dg_batch(config)
+    key = jax.random.key(3)
+    got = float(train_tiny.canvas_loss(params, tokens, mask, answer, key, config=config))
+    k_noise, k_sc = jax.random.split(key)
+    k_mask, k_draw = jax.random.split(k_noise)
+    k_t, k_m = jax.random.split(k_mask)
+    t = (np.arange(4) + np.asarray(jax.random.uniform(k_t, (4,)))) / 4
+    p = (1 - 1e-3) * t + 1e-3
+    replaced = np.asarray(answer) & (np.asarray(jax.random.uniform(k_m, answer.shape)) < p[:, None])
+    draws = np.asarray(jax.random.randint(k_draw, tokens.shape, 0, config.vocab_size))
+    noisy = np.where(replaced, draws, np.asarray(tokens))[:, P:]
+    assert (noisy != np.asarray(tokens)[:, P:]).any() and (noisy == np.asarray(tokens)[:, P:]).any()
+    self_conditioned = np.asarray(jax.random.uniform(k_sc, (4,))) < 0.5
+    assert self_conditioned.any() and not self_conditioned.all()
+    first = dg.decoder_logits(params, tokens[:, :P], mask[:, :P], noisy, config)
+    second = dg.decoder_logits(params, tokens[:, :P], mask[:, :P], noisy, config, sc_logits=first)
+    logits = np.where(self_conditioned[:, None, None], np.asarray(second), np.asarray(first)).astype(np.float64)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    ce = -np.take_along_axis(logp, np.asarray(tokens)[:, P:, None], -1)[..., 0]
+    assert got == pytest.approx(ce.mean(), rel=1e-5)
+    assert abs(np.asarray(second) - np.asarray(first)).max() > 0.1  # the self-conditioning input matters here
+
+
+def test_self_conditioning_trains_the_second_pass_on_the_first_pass_held_fixed():
+    """The gradient of the loss with every row self-conditioned is the gradient of the second pass alone with the
+    first pass's logits as a constant input (stop_gradient): no gradient flows back through the first pass."""
+    config = dg_config()
+    params = spread_params(config, seed=2)
+    tokens, mask, answer, P = dg_batch(config, seed=1)
+    answer = jnp.zeros_like(answer)  # no corruption: the canvas is the clean one, so the passes below need no draws
+    key = jax.random.key(0)
+    grads = jax.grad(train_tiny.canvas_loss)(params, tokens, mask, answer, key, config=config, self_condition=1.0)
+    first = dg.decoder_logits(params, tokens[:, :P], mask[:, :P], tokens[:, P:], config)
+
+    def second_pass_alone(params):
+        logits = dg.decoder_logits(params, tokens[:, :P], mask[:, :P], tokens[:, P:], config, sc_logits=first)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, P:]).mean()
+    want = jax.grad(second_pass_alone)(params)
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6,
+                                   err_msg=jax.tree_util.keystr(path))
+
+
+DG_FLAGS = ["--family", "diffusion_gemma", "--steps", "20", "--batch-size", "8", "--d-model", "32", "--n-layers",
+            "2", "--n-heads", "2", "--mlp-hidden-size", "64", "--warmup", "2", "--save-every", "10", "--lr", "1e-2",
+            "--gen-length", "32"]  # 2 layers: one sliding, one full; prompts (<= 66 tokens) all padded to 72
+
+
+def test_diffusion_gemma_run_lowers_the_loss_and_exports_a_checkpoint_that_round_trips(tmp_path):
+    """`--family diffusion_gemma`, 20 steps: the exported parameters have a loss well under their init's on fresh
+    problems; the export is a DiffusionGemma checkpoint `ll.load` reads back as the config trained (config.json
+    written and read again gives it too), one canvas of --gen-length, decoded by default in blocks of it."""
+    out = tmp_path / "dg"
+    (out / "tokenizer").mkdir(parents=True)
+    copy_tokenizer_files(EMBEDDED, out / "tokenizer")  # tiny-math's (training its own would take longer)
+    assert train_tiny.main(["--out", str(out), *DG_FLAGS]) == 0
+    model = ll.load(out / "checkpoint", dtype="float32")
+    run = dataclasses.replace(DG_RUN, n_layers=2, gen_length=32, batch_size=8)
+    trained = train_tiny.dg_model_config(run, model.tokenizer)
+    assert model.config == trained == families.read_config(families.write_config(model.config))
+    assert model.config.family == "diffusion_gemma" and model.config.canvas_length == 32
+    assert set(model.config.arch.layer_types) == {"sliding", "full"} and model.config.end_ids == (0, 3)
+    manifest = json.loads((out / "checkpoint" / "manifest.json").read_text())
+    assert manifest["eval_defaults"] == {"gen_length": 32, "block_length": 32, "num_fewshot": 0}
+    assert manifest["training"]["objective"].startswith("canvas_loss")
+    assert json.loads((out / "train_config.json").read_text())["family"] == "diffusion_gemma"
+    batch = [jnp.asarray(x) for x in train_tiny.make_batch(10_000, run, model.tokenizer)]
+    loss = jax.jit(lambda params: train_tiny.canvas_loss(params, *batch, jax.random.key(5), config=trained))
+    before = float(loss(families.init_params(trained, jax.random.key(0))))
+    after = float(loss(model.params))
+    assert after < 0.6 * before, (before, after)
+
+
+def test_the_embedded_diffusion_gemma_twin_answers_as_its_readme_says():
+    """`ll.load("embedded-dg")` (localleap_jax/assets/tiny-math-dg): the problem its README decodes, alone, with
+    DiffusionGemma's own sampler at its defaults (sampled, rng key 0), one canvas of 48: the worked answer, the
+    canvas finished by the stop criterion well before the pass bound."""
+    model = ll.load("embedded-dg", dtype="float32")
+    assert model.config.family == "diffusion_gemma" and model.config.canvas_length == 48
+    question = "Max has 8 bags. He gives 4 bags to Mia. How many bags does Max have left?"
+    ids, mask = model.tokenizer.encode_batch([train_tiny.PROMPT.format(question=question)])
+    cfg = ll.DecodeConfig(strategy=ll.rules.EntropyBound(), gen_length=48, block_length=48)
+    out = ll.generate(model, ids, mask, cfg, rng=jax.random.key(0))
+    assert model.tokenizer.decode_generated(out) == ["Max has 8 - 4 = <<8-4=4>>4 bags left.\n#### 4"]
+    assert out.nfe.tolist() == [3]
+    readme = (EMBEDDED.parent / "tiny-math-dg" / "README.md").read_text()
+    assert question in readme and "<<8-4=4>>4 bags left." in readme

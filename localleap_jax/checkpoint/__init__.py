@@ -14,7 +14,7 @@ A checkpoint directory holds
   embedded  the small models shipped in the package, by the names `ll.load` takes
 """
 
-from localleap_jax.checkpoint.embedded import EMBEDDED, EMBEDDED_CHAIN, EMBEDDED_MODELS, EMBEDDED_SDAR
+from localleap_jax.checkpoint.embedded import EMBEDDED, EMBEDDED_CHAIN, EMBEDDED_DG, EMBEDDED_MODELS, EMBEDDED_SDAR
 from localleap_jax.checkpoint.manifest import (FORMAT, PARAMS_DIGEST, check_params_content, check_params_layout,
                                                fingerprint_of, hash_params_files, params_file_records,
                                                params_fingerprint, read_manifest)
@@ -25,8 +25,8 @@ from localleap_jax.checkpoint.writing import (CHUNK_BYTES, atomic_directory, che
 from localleap_jax.errors import CheckpointError
 from localleap_jax.loaded import Model
 
-__all__ = ["CHUNK_BYTES", "CheckpointError", "EMBEDDED", "EMBEDDED_CHAIN", "EMBEDDED_MODELS", "EMBEDDED_SDAR", "FORMAT",
-           "Model", "Opened", "PARAMS_DIGEST", "PARAM_DTYPES", "abstract_params", "atomic_directory",
+__all__ = ["CHUNK_BYTES", "CheckpointError", "EMBEDDED", "EMBEDDED_CHAIN", "EMBEDDED_DG", "EMBEDDED_MODELS",
+           "EMBEDDED_SDAR", "FORMAT", "Model", "Opened", "PARAMS_DIGEST", "PARAM_DTYPES", "abstract_params", "atomic_directory",
            "check_output_path", "check_params_content", "check_params_layout", "chunking", "copy_tokenizer_files",
            "count_non_finite", "fingerprint_of", "hash_params_files", "load", "non_finite_counts", "open_checkpoint",
            "parameter_dtype", "params_file_records", "params_fingerprint", "read_manifest", "restore", "save",

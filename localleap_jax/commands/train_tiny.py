@@ -24,6 +24,13 @@ their init):
 
     python experiments/train_tiny.py --family sdar --init-from localleap_jax/assets/tiny-math \
         --out runs/tiny-sdar --steps 1000 --lr 5e-4 --warmup 50
+
+`--family diffusion_gemma` trains a tiny DiffusionGemma (`dg_model_config`: sliding and full attention layers, MoE
+beside the dense MLP in every layer, a tied head) under DiffusionGemma's uniform-noise objective (`canvas_loss`):
+the prompt through the causal encoder, the answer canvas (one canvas of --gen-length tokens) with each position
+replaced by a uniformly drawn token with probability t, the decoder, self-conditioned on its own first pass in
+half of the rows, predicting the clean canvas. The export decodes with a canvas rule (`entropy_bound`,
+`localleap_uniform`; block_length = gen_length). `--init-from` copies what matches in shape (the embedding).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -45,14 +53,20 @@ import optax
 import orbax.checkpoint as ocp
 from tqdm import tqdm
 
-from localleap_jax import checkpoint, cli, synthetic_math
+from localleap_jax import checkpoint, cli, families, synthetic_math
 from localleap_jax.config import ModelConfig
 from localleap_jax.errors import UserError
-from localleap_jax.model import forward, head, init_params, positions_from_mask, trunk_masked
+from localleap_jax.families import diffusion_gemma as dg
+from localleap_jax.model import forward, head, positions_from_mask, trunk_masked
 from localleap_jax.tokenizer import Tokenizer, left_pad, make_tokenizer
 
 PROMPT = "Question: {question}\nAnswer:"  # lm-eval's gsm8k doc_to_text, 0-shot
 CHAIN_STRATEGIES = "low_confidence,threshold:kappa=0.5,threshold,localleap"
+# --family diffusion_gemma's fixed choices (dg_model_config): the sliding layers' window (prompts run 45-66 tokens,
+# so the sliding layers see part of the question and the full ones all of it), the experts per layer and per token.
+DG_SLIDING_WINDOW = 32
+DG_EXPERTS = 4
+DG_TOP_K = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +132,33 @@ def sdar_model_config(cfg: TrainConfig, tok: Tokenizer, block_size: int) -> Mode
     and block-causal attention on blocks of `block_size`."""
     return dataclasses.replace(model_config(cfg, tok), family="sdar", qk_norm=True, block_size=block_size,
                                explicit_head_dim=cfg.d_model // cfg.n_heads, tie_word_embeddings=False)
+
+
+def dg_model_config(cfg: TrainConfig, tok: Tokenizer, block_size: int = 0) -> ModelConfig:
+    """A tiny DiffusionGemma of the run's sizes, read from the config.json it exports (so the export round-trips
+    through `ll.load`): layers alternating sliding (window DG_SLIDING_WINDOW) and full attention, the last one full
+    (as transformers forces it); sliding layers of head size d_model / n_heads, global ones of twice that with one K/V
+    head, proportional RoPE on a quarter of their pairs (the released model's layout, scaled down); every
+    layer a dense GELU MLP of --mlp-hidden-size beside DG_EXPERTS experts of a quarter of it, top-DG_TOP_K. Tied
+    embeddings, logit softcap 30, the tokenizer's EOS and EOT both ending a row, one canvas of --gen-length tokens.
+    (`block_size` is unused: a canvas is as long as the answer.)"""
+    head_dim = cfg.d_model // cfg.n_heads
+    text = {"model_type": "diffusion_gemma_text", "vocab_size": len(tok.hf), "hidden_size": cfg.d_model,
+            "intermediate_size": cfg.mlp_hidden_size, "num_hidden_layers": cfg.n_layers,
+            "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_heads, "head_dim": head_dim,
+            "global_head_dim": 2 * head_dim, "num_global_key_value_heads": 1,
+            "sliding_window": DG_SLIDING_WINDOW,
+            "layer_types": ["full_attention" if i % 2 or i == cfg.n_layers - 1 else "sliding_attention"
+                            for i in range(cfg.n_layers)],
+            "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                   "rope_theta": 1_000_000.0}},
+            "num_experts": DG_EXPERTS, "top_k_experts": DG_TOP_K,
+            "moe_intermediate_size": max(cfg.mlp_hidden_size // 4, 1), "max_position_embeddings": 512,
+            "rms_norm_eps": 1e-6, "final_logit_softcapping": 30.0, "pad_token_id": tok.pad_id,
+            "eos_token_id": [tok.eos_id] + ([tok.eot_id] if tok.eot_id is not None else [])}
+    return families.read_config({"architectures": ["DiffusionGemmaForBlockDiffusion"], "model_type": "diffusion_gemma",
+                                 "text_config": text, "canvas_length": cfg.gen_length, "mask_token_id": tok.mask_id})
 
 
 def warm_start(params, source):
@@ -270,6 +311,51 @@ def bd_sft_loss(params, tokens, mask, answer, rng, *, config: ModelConfig, gen_l
     return per_row.mean()
 
 
+def uniform_noise(rng, tokens, answer, vocab: int):
+    """DiffusionGemma's corruption (Google's `CategoricalProcess.uniform_process` under its linear schedule, in
+    google-deepmind/gemma `gemma/diffusion/hackable_diffusion_adapter`): every answer-canvas position is replaced,
+    with probability t, by a token drawn uniformly from the whole vocabulary [0, vocab) (the draw may be the token
+    itself, as at inference, where the canvas starts and is re-noised with the same draws); t per row, stratified
+    and floored as in `noise`. Returns the noisy tokens and each row's p [B]."""
+    k_mask, k_draw = jax.random.split(rng)
+    p, replaced = noise(k_mask, answer, tokens.shape[0])
+    draws = jax.random.randint(k_draw, tokens.shape, 0, vocab, dtype=tokens.dtype)
+    return jnp.where(replaced, draws, tokens), p
+
+
+def self_conditioned_logits(params, prompt, prompt_mask, canvas, self_condition, *, config: ModelConfig):
+    """The decoder's logits [B, C, V] over `canvas` after the prompt, trained as DiffusionGemma's self-conditioning
+    is (Google's SFT model): a first pass without self-conditioning; its logits, under stop_gradient, become the
+    second pass's self-conditioning input (`dg.soft_embedding`: softmax @ E * sqrt(D)) in the rows where
+    `self_condition` [B] holds, the others' second pass seeing none (zeros, as a canvas's first pass at inference);
+    the second pass's logits are returned. The encoder runs once, causally over the left-padded prompt."""
+    cache = dg.init_cache(config, prompt.shape[0], prompt.shape[1], params["wte"]["embedding"].dtype)
+    _, cache = dg.encode_into(params, cache, prompt, prompt_mask, config)
+    first = dg.decode(params, cache, canvas, config)
+    soft = dg.soft_embedding(params, jax.lax.stop_gradient(first), config)
+    soft = jnp.where(self_condition[:, None, None], soft, jnp.zeros_like(soft))
+    return dg.decode(params, cache, canvas, config, soft)
+
+
+def canvas_loss(params, tokens, mask, answer, rng, *, config: ModelConfig, self_condition: float = 0.5):
+    """DiffusionGemma's uniform-noise objective on one canvas (the answer canvas: the last canvas_length columns):
+    the prompt, kept, goes through the causal encoder; the canvas, corrupted by `uniform_noise`, through the
+    decoder (`self_conditioned_logits`, each row self-conditioned with probability `self_condition`); the loss is
+    the cross-entropy of the clean canvas at every canvas position -- corrupted or not, since the decoder cannot
+    tell which are -- averaged over the canvas and over rows, with no weight in t (Google's `NoWeightDiscreteLoss`
+    over its target mask, the canvas). (Google's recipe also trains the encoder autoregressively on prompt and
+    canvas, an auxiliary loss left out here: with one canvas the decoder never reads the encoded canvas.)"""
+    B, L = tokens.shape
+    C = config.canvas_length
+    k_noise, k_sc = jax.random.split(rng)
+    noisy, _ = uniform_noise(k_noise, tokens, answer, config.vocab_size)
+    use_sc = jax.random.uniform(k_sc, (B,)) < self_condition
+    logits = self_conditioned_logits(params, tokens[:, :L - C], mask[:, :L - C], noisy[:, L - C:], use_sc,
+                                     config=config)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, L - C:])
+    return jnp.mean(ce)
+
+
 def sdar_readme(cfg: TrainConfig, config: ModelConfig, log: dict, init_from: str | None) -> str:
     warm = (f"Warm-started from `{init_from}` (a bidirectional checkpoint of the same network, whose tokenizer "
             "this one is): every parameter of matching shape was copied; the new per-head q/k RMSNorm scales "
@@ -292,6 +378,59 @@ def sdar_readme(cfg: TrainConfig, config: ModelConfig, log: dict, init_from: str
             f"```\n{json.dumps(log, indent=2)}\n```\n")
 
 
+def dg_readme(cfg: TrainConfig, config: ModelConfig, log: dict, init_from: str | None) -> str:
+    a = dg.arch_of(config)
+    kept = ", ".join(log.get("warm_start", {}).get("kept_init", [])) or "none"
+    warm = (f"Warm-started from `{init_from}`: the {log['warm_start']['copied_leaves']} parameters of matching shape "
+            f"were copied (left at their init: {kept}).\n\n" if init_from else
+            "Trained from random initialisation.\n\n")
+    return (f"# Small DiffusionGemma-architecture (uniform-noise canvas) model trained by "
+            f"experiments/train_tiny.py\n\n"
+            f"The DiffusionGemma twin of `tiny-math`: a causal encoder over the prompt and a bidirectional decoder over "
+            f"one canvas of {config.canvas_length} tokens, the same weights ({config.n_layers} layers "
+            f"{'/'.join(a.layer_types)}, sliding window {a.sliding_window}, d_model {config.d_model}, {config.n_heads} "
+            f"heads, a GELU MLP of {config.mlp_hidden_size} beside {a.num_experts} experts of "
+            f"{a.moe_intermediate_size}, top-{a.top_k_experts}, vocabulary {config.vocab_size}, fp32).\n\n"
+            f"Data: the synthetic-math train split, as tiny-math. Objective: DiffusionGemma's uniform-noise loss "
+            f"(`canvas_loss`): each answer-canvas position replaced by a uniform token with probability t (per "
+            f"sample, stratified), the decoder (self-conditioned on its own stop-gradient first pass in half of the "
+            f"rows) predicting the clean canvas, cross-entropy over every canvas position, unweighted.\n\n"
+            f"{warm}"
+            f"Decode one canvas with a canvas rule (block_length = gen_length = {config.canvas_length}).\n\n"
+            f"```\n{json.dumps(log, indent=2)}\n```\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """What one `--family` trains (OBJECTIVES): its network's config from the run's settings, the tokenizer and
+    --block-size; the loss on a batch (`loss(cfg, config)`: f(params, tokens, mask, answer, rng)); the block the
+    export decodes in by default; what its log and README say. `blocks`: takes --block-size (SDAR's grid);
+    `masks`: takes --decode-like and --block-length (LLaDA's masking)."""
+
+    config: Callable[[TrainConfig, Tokenizer, int], ModelConfig]
+    loss: Callable[[TrainConfig, ModelConfig], Callable]
+    decode_block: Callable[[TrainConfig, ModelConfig], int]
+    name: str = ""  # the objective's name in the log ("": LLaDA's, whose log records none)
+    readme: Callable[[TrainConfig, ModelConfig, dict, str | None], str] | None = None
+    blocks: bool = False
+    masks: bool = False
+
+
+OBJECTIVES = {
+    "llada": Objective(lambda cfg, tok, _: model_config(cfg, tok),
+                       lambda cfg, config: functools.partial(sft_loss, config=config, decode_like=cfg.decode_like,
+                                                             block_length=cfg.block_length),
+                       lambda cfg, config: cfg.block_length, masks=True),
+    "sdar": Objective(sdar_model_config,
+                      lambda cfg, config: functools.partial(bd_sft_loss, config=config, gen_length=cfg.gen_length),
+                      lambda cfg, config: config.block_size, "bd_sft_loss (block diffusion SFT)", sdar_readme,
+                      blocks=True),
+    "diffusion_gemma": Objective(dg_model_config, lambda cfg, config: functools.partial(canvas_loss, config=config),
+                                 lambda cfg, config: config.canvas_length,
+                                 "canvas_loss (DiffusionGemma's uniform noise, self-conditioned)", dg_readme),
+}
+
+
 def main(argv=None) -> int:
     ap = cli.OneLineParser(prog="python experiments/train_tiny.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -301,8 +440,9 @@ def main(argv=None) -> int:
                     help="save the training state every this many steps; a rerun resumes from it (default 250)")
     ap.add_argument("--export-only", action="store_true",
                     help="export the latest saved training state as a checkpoint directory, without training")
-    ap.add_argument("--family", choices=("llada", "sdar"), default="llada",
-                    help="llada: bidirectional, LLaDA's SFT loss (default); sdar: block diffusion (bd_sft_loss)")
+    ap.add_argument("--family", choices=tuple(OBJECTIVES), default="llada",
+                    help="llada: bidirectional, LLaDA's SFT loss (default); sdar: block diffusion (bd_sft_loss); "
+                         "diffusion_gemma: encoder-decoder over one uniform-noise canvas of --gen-length (canvas_loss)")
     ap.add_argument("--block-size", type=int, default=None, help="SDAR's block length (default 4; sdar only)")
     ap.add_argument("--init-from", help="warm start: a checkpoint directory whose parameters of matching shape "
                                         "(and whose tokenizer) this run starts from")
@@ -310,12 +450,13 @@ def main(argv=None) -> int:
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
                         help=f"{FIELD_HELP[f.name]} (default {f.default})")
     args = ap.parse_args(argv)
-    # --family names the architecture trained: LLaDA's (bidirectional) or SDAR's (block diffusion, its objective)
-    block_diffusion = args.family == "sdar"
-    if not block_diffusion and args.block_size is not None:
-        ap.error("--block-size is for --family sdar (LLaDA attends bidirectionally)")
+    # --family names the architecture trained and its objective: LLaDA's (bidirectional), SDAR's (block
+    # diffusion) or DiffusionGemma's (uniform noise on one canvas)
+    objective = OBJECTIVES[args.family]
+    if not objective.blocks and args.block_size is not None:
+        ap.error(f"--block-size is for --family sdar ({args.family} has no block grid)")
     block_size = args.block_size if args.block_size is not None else 4
-    if block_diffusion and block_size < 1:
+    if objective.blocks and block_size < 1:
         ap.error(f"--block-size must be >= 1, got {block_size}")
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
     for name in ("steps", "batch_size", "gen_length", "prompt_length", "vocab_size", "d_model", "n_layers",
@@ -331,17 +472,17 @@ def main(argv=None) -> int:
         ap.error(f"--task must be one of {', '.join(sorted(synthetic_math.TASKS))}, got {cfg.task!r}")
     if not 0.0 <= cfg.decode_like <= 1.0:
         ap.error(f"--decode-like is a share of rows, in [0, 1]; got {cfg.decode_like}")
-    if not block_diffusion and (cfg.block_length < 1 or cfg.gen_length % cfg.block_length):  # sdar: --block-size
+    if objective.masks and (cfg.block_length < 1 or cfg.gen_length % cfg.block_length):  # sdar: --block-size
         ap.error(f"--block-length must divide --gen-length {cfg.gen_length} (the export decodes in blocks of it), "
                  f"got {cfg.block_length}")
-    if cfg.decode_like and block_diffusion:
-        ap.error("--decode-like is for --family llada (SDAR's objective already denoises block by block)")
+    if cfg.decode_like and not objective.masks:
+        ap.error(f"--decode-like is for --family llada ({args.family}'s objective has no masks to draw)")
     return cli.run_command(lambda: train(args, cfg, block_size, argv))
 
 
 def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
     """The run the flags ask for: train (or resume), then export a checkpoint directory."""
-    block_diffusion = args.family == "sdar"  # the architecture --family names (see main)
+    objective = OBJECTIVES[args.family]  # the architecture and objective --family names (see main)
     cli.check_writable_dir(args.out, "--out")  # both before any work, not after the training
     if args.export:
         cli.check_writable_dir(Path(args.export).expanduser().resolve().parent, "--export", args.export)
@@ -353,8 +494,8 @@ def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
         del run_cfg["task"]
     if not cfg.decode_like:
         del run_cfg["decode_like"], run_cfg["block_length"]
-    if block_diffusion:
-        run_cfg |= {"family": "sdar", "block_size": block_size}
+    if objective.name:  # not LLaDA's (whose runs record exactly what they always have)
+        run_cfg |= {"family": args.family} | ({"block_size": block_size} if objective.blocks else {})
     if init_from:
         run_cfg |= {"init_from": init_from}
     out = Path(args.out).resolve()
@@ -368,17 +509,12 @@ def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
         (out / "tokenizer").mkdir(parents=True, exist_ok=True)
         checkpoint.copy_tokenizer_files(init_from, out / "tokenizer")  # the warm start's ids
     tok = build_tokenizer(cfg, out / "tokenizer")
-    if block_diffusion:
-        config = sdar_model_config(cfg, tok, block_size)
-        loss_fn = functools.partial(bd_sft_loss, config=config, gen_length=cfg.gen_length)
-    else:
-        config = model_config(cfg, tok)
-        loss_fn = functools.partial(sft_loss, config=config, decode_like=cfg.decode_like,
-                                    block_length=cfg.block_length)
+    config = objective.config(cfg, tok, block_size)
+    loss_fn = objective.loss(cfg, config)
     schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup, cfg.steps, end_value=cfg.lr * 0.05)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0),
                             optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=cfg.weight_decay))
-    params = init_params(config, jax.random.key(cfg.seed))
+    params = families.init_params(config, jax.random.key(cfg.seed))
     warm = None
     if init_from:
         source = checkpoint.load(init_from, dtype="float32")
@@ -406,7 +542,7 @@ def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
         updates, opt = optimizer.update(grads, state["opt"], state["params"])
         return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, loss
 
-    print(f"model: {config.num_params / 1e6:.2f}M parameters, {config}")
+    print(f"model: {sum(leaf.size for leaf in jax.tree.leaves(params)) / 1e6:.2f}M parameters, {config}")
     t0, ema = time.time(), None
     steps = range(start, start if args.export_only else cfg.steps)
     bar = tqdm(steps, initial=start, total=cfg.steps, desc="train", dynamic_ncols=True, disable=args.export_only)
@@ -442,15 +578,16 @@ def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
            "resumed_from_step": start, "exported_at_step": start + len(steps), "hardware": f"{platform.processor() or platform.machine()}, "
            f"{os.cpu_count()} CPU cores, jax {jax.__version__} on {jax.default_backend()}",
            "final_loss_ema": ema}
-    if block_diffusion:
-        log |= {"family": "sdar", "block_size": block_size, "objective": "bd_sft_loss (block diffusion SFT)"}
+    if objective.name:
+        log |= {"family": args.family} | ({"block_size": block_size} if objective.blocks else {}) | {
+            "objective": objective.name}
     if warm:
         log |= {"warm_start": warm}
-    if block_diffusion or init_from:
+    if objective.name or init_from:
         log |= {"command": " ".join(["python", "experiments/train_tiny.py", *(argv if argv is not None
                                                                               else sys.argv[1:])])}
-    if block_diffusion:
-        readme = sdar_readme(cfg, config, log, args.init_from)
+    if objective.readme:
+        readme = objective.readme(cfg, config, log, args.init_from)
     else:
         readme = (f"# Small LLaDA-architecture model trained by experiments/train_tiny.py\n\n"
                   f"```\n{json.dumps(log, indent=2)}\n```\n")
@@ -460,7 +597,7 @@ def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
                               "eval_data": "synthetic_math", "eval_data_spec": {"n": 500, "seed": cfg.seed}
                               | ({"task": cfg.task} if cfg.task != "math" else {}),
                               "eval_defaults": {"gen_length": cfg.gen_length,
-                                                "block_length": block_size if block_diffusion else cfg.block_length,
+                                                "block_length": objective.decode_block(cfg, config),
                                                 "num_fewshot": 0}
                               # the chain tasks are where committing early should cost accuracy: their default
                               # run puts the low threshold beside the paper's settings
