@@ -168,12 +168,12 @@ rule = ll.rules.EntropyBound(entropy_bound=0.5, t_min=0.05, t_max=0.2, max_denoi
 cfg = ll.DecodeConfig(strategy=rule, gen_length=3 * C, block_length=C)
 noise = np.random.default_rng(31).integers(0, VOCAB, (5, 3, 7, C))
 res["canvas"] = {}
-for supplied in (None, noise):
+# (each DiffusionGemma program on 8 devices compiles for ~8 s: two placements drawn, one supplied)
+placements = {"mesh 4x2": dict(mesh=make_mesh(4, 2)), "pmap 2 slots 3": dict(devices=jax.devices()[:2], slots=3)}
+for supplied, labels in ((None, list(placements)), (noise, ["mesh 4x2"])):
     one = ll.generate(dgm, gids, gmask, cfg, jax.random.key(3), canvas_noise=supplied)
-    for label, kw in (("mesh 4x2", dict(mesh=make_mesh(4, 2))), ("mesh 2x4", dict(mesh=make_mesh(2, 4))),
-                      ("pmap 4", dict(devices=jax.devices()[:4])), ("mesh 2x4 slots 3", dict(mesh=make_mesh(2, 4), slots=3)),
-                      ("pmap 2 slots 3", dict(devices=jax.devices()[:2], slots=3))):
-        got = ll.generate(dgm, gids, gmask, cfg, jax.random.key(3), canvas_noise=supplied, **kw)
+    for label in labels:
+        got = ll.generate(dgm, gids, gmask, cfg, jax.random.key(3), canvas_noise=supplied, **placements[label])
         res["canvas"][f"{label}, {'supplied' if supplied is not None else 'drawn'}"] = dict(
             tokens=bool((got.tokens == one.tokens).all()), nfe=bool((got.nfe == one.nfe).all()))
     res["canvas"]["spread " + ("supplied" if supplied is not None else "drawn")] = sorted(set(one.nfe.tolist()))
@@ -257,11 +257,12 @@ def test_likelihood_on_a_mesh_equals_one_device(eight_devices):
 
 @pytest.mark.slow
 def test_a_canvas_rules_draws_follow_its_prompts_onto_every_placement(eight_devices):
-    """DiffusionGemma's sampler (entropy_bound, sampling, its noise drawn from the rng) on 5 prompts: 2 meshes, pmap
-    over 4 devices and slots on a mesh and with pmap decode each prompt as one device does (a prompt's draws are
-    keyed by its index in the batch and split with the rows, decode/draws.py), with its draws drawn or supplied; the
-    rows stop at different passes."""
+    """DiffusionGemma's sampler (entropy_bound, sampling, its noise drawn from the rng) on 5 prompts: a 4x2 mesh and
+    3 slots over pmap on 2 devices decode each prompt as one device does (a prompt's draws are keyed by its index in
+    the batch and split with the rows, decode/draws.py), with its draws drawn (both) or supplied (the mesh); the rows
+    stop at different passes. (Also checked once, not kept for time: a 2x4 mesh, pmap over 4, slots on a mesh, the
+    supplied draws through pmap's slots; each shard on its own key, as before, failed every case.)"""
     got = dict(eight_devices["canvas"])
     spreads = [got.pop(k) for k in ("spread drawn", "spread supplied")]
-    assert len(got) == 10 and all(v == dict(tokens=True, nfe=True) for v in got.values()), got
+    assert len(got) == 3 and all(v == dict(tokens=True, nfe=True) for v in got.values()), got
     assert all(len(s) > 1 for s in spreads), spreads  # measured: 5 and 2 different NFE
