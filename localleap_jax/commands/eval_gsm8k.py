@@ -245,14 +245,12 @@ def check_strategies(strategies: list[str], settings: EvalSettings, where: str =
 def check_shared_flags(strategies: list[str], settings: EvalSettings) -> None:
     """A shared flag (--kappa, --tau, --radius, --steps) that no strategy of the run takes would change nothing:
     refused in one line (e.g. --kappa with the canvas rules of a DiffusionGemma checkpoint)."""
+    rules_named = [parse_spec(s)[0] for s in strategies]
     for flag in SHARED_SETTINGS:
         value = getattr(settings, flag)
-        if value is None:
-            continue
-        names_ = [parse_spec(s)[0] for s in strategies]
-        if not any(flag in settings_taken(n) for n in names_ if n in RULES):
+        if value is not None and not any(flag in settings_taken(n) for n in rules_named if n in RULES):
             takers = sorted(n for n in RULES if flag in settings_taken(n))
-            raise UserError(f"--{flag} {value}: none of the strategies ({', '.join(names_)}) takes {flag}, so it would "
+            raise UserError(f"--{flag} {value}: none of the strategies ({', '.join(rules_named)}) takes {flag}, so it would "
                             f"change nothing; the rules that do: {', '.join(takers)}")
 
 
