@@ -4,10 +4,12 @@ The loop is given these two things explicitly instead of reaching into a model, 
 (blocks, early stop, NFE, rule state, caches) can be tested with a stub in milliseconds, and another
 model family only has to provide a denoiser:
 
-    full(x, positions, key_mask)                     -> (hidden [B, L, D], cache)   a whole-canvas pass
-    window(tokens, positions, key_mask, cache, write) -> hidden [B, Q, D]           Q positions of the
+    full(x, positions, key_mask, soft=None)          -> (hidden [B, L, D], cache)   a whole-canvas pass
+    window(tokens, positions, key_mask, cache, write, soft=None)
+                                                      -> hidden [B, Q, D]           Q positions of the
                                                          canvas, other positions' K/V read from `cache`
     window_stored(...same...)                         -> (hidden, cache with the window's fresh K/V)
+    (`soft` [B, Q, D]: an addition to the token embeddings of the positions run, or None)
     head(hidden)                                      -> logits [..., V] (fp32)
     empty_cache(batch, length)                        -> the cache's initial value
     probe(x, positions, key_mask, idx, mask_id)       -> (hidden [B, L, D], held_out [B, T, D]): a whole-canvas
@@ -32,7 +34,8 @@ from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
 from localleap_jax.config import ModelConfig
-from localleap_jax.model import CacheWrite, KVCache, Params, head, trunk, trunk_cached, trunk_masked, trunk_stored
+from localleap_jax.model import (CacheWrite, KVCache, Params, decoding_params, head, trunk, trunk_cached,
+                                 trunk_masked, trunk_stored)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,14 +59,15 @@ class Denoiser(Protocol):
     shift: int
     vocab: int
 
-    def full(self, x: Int[Array, "B L"], positions: Int[Array, "B L"], key_mask: Bool[Array, "B L"]
-             ) -> tuple[Float[Array, "B L D"], Any]: ...
+    def full(self, x: Int[Array, "B L"], positions: Int[Array, "B L"], key_mask: Bool[Array, "B L"],
+             soft: Float[Array, "B L D"] | None = None) -> tuple[Float[Array, "B L D"], Any]: ...
 
     def window(self, tokens: Int[Array, "B Q"], positions: Int[Array, "B Q"], key_mask: Bool[Array, "B L"],
-               cache: Any, write: CacheWrite) -> Float[Array, "B Q D"]: ...
+               cache: Any, write: CacheWrite, soft: Float[Array, "B Q D"] | None = None) -> Float[Array, "B Q D"]: ...
 
     def window_stored(self, tokens: Int[Array, "B Q"], positions: Int[Array, "B Q"], key_mask: Bool[Array, "B L"],
-                      cache: Any, write: CacheWrite) -> tuple[Float[Array, "B Q D"], Any]: ...
+                      cache: Any, write: CacheWrite, soft: Float[Array, "B Q D"] | None = None
+                      ) -> tuple[Float[Array, "B Q D"], Any]: ...
 
     def head(self, hidden: Float[Array, "... D"]) -> Float[Array, "... V"]: ...
 
@@ -123,10 +127,15 @@ def probe_mask(key_mask: Bool[Array, "B L"], idx: Int[Array, "B T"]) -> Bool[Arr
 
 @struct.dataclass
 class ModelDenoiser:
-    """A LLaDA/Dream/SDAR parameter tree and its config (model.py's pure functions)."""
+    """A parameter tree of model.py's network (decoding layout: `model.decoding_params`) and its config."""
 
     params: Params
     config: ModelConfig = struct.field(pytree_node=False)
+
+    @classmethod
+    def of(cls, params: Params, config: ModelConfig) -> "ModelDenoiser":
+        """The denoiser of parameters in either layout (a stacked tree is split here, once)."""
+        return cls(decoding_params(params, config), config)
 
     @property
     def shift(self) -> int:
@@ -136,14 +145,14 @@ class ModelDenoiser:
     def vocab(self) -> int:
         return self.config.embedding_size
 
-    def full(self, x, positions, key_mask):
-        return trunk(self.params, x, positions, key_mask, self.config)
+    def full(self, x, positions, key_mask, soft=None):
+        return trunk(self.params, x, positions, key_mask, self.config, soft)
 
-    def window(self, tokens, positions, key_mask, cache, write):
-        return trunk_cached(self.params, tokens, positions, key_mask, cache, write, self.config)
+    def window(self, tokens, positions, key_mask, cache, write, soft=None):
+        return trunk_cached(self.params, tokens, positions, key_mask, cache, write, self.config, soft)
 
-    def window_stored(self, tokens, positions, key_mask, cache, write):
-        return trunk_stored(self.params, tokens, positions, key_mask, cache, write, self.config)
+    def window_stored(self, tokens, positions, key_mask, cache, write, soft=None):
+        return trunk_stored(self.params, tokens, positions, key_mask, cache, write, self.config, soft)
 
     def head(self, hidden):
         return head(self.params, hidden, self.config)
@@ -159,9 +168,10 @@ class ModelDenoiser:
 
     def empty_cache(self, batch, length):
         c = self.config
-        shape = (c.n_layers, batch, length, c.n_kv_heads, c.head_dim)
+        shape = (batch, length, c.n_kv_heads, c.head_dim)
         dtype = self.params["wte"]["embedding"].dtype
-        return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+        zeros = tuple(jnp.zeros(shape, dtype) for _ in range(c.n_layers))
+        return KVCache(zeros, zeros)
 
 
 @struct.dataclass
@@ -177,13 +187,13 @@ class FunctionDenoiser:
     vocab: int = struct.field(pytree_node=False)
     shift: int = struct.field(pytree_node=False, default=0)
 
-    def full(self, x, positions, key_mask):
+    def full(self, x, positions, key_mask, soft=None):
         return self.logits_fn(x).astype(jnp.float32), x
 
-    def window(self, tokens, positions, key_mask, cache, write):
+    def window(self, tokens, positions, key_mask, cache, write, soft=None):
         return self.window_stored(tokens, positions, key_mask, cache, write)[0]
 
-    def window_stored(self, tokens, positions, key_mask, cache, write):
+    def window_stored(self, tokens, positions, key_mask, cache, write, soft=None):
         Q = tokens.shape[1]
         at = write.start[:, None] + jnp.arange(Q)
         rows = jnp.arange(tokens.shape[0])[:, None]

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from localleap_jax.config import ModelConfig
 from localleap_jax.denoiser import Denoiser, SpecialIds
-from localleap_jax.families import Family, denoiser_of, family_of
+from localleap_jax.families import Family, decoding_params, denoiser_of, family_of
 from localleap_jax.model import Params
 from localleap_jax.tokenizer import Tokenizer
 
@@ -19,9 +19,14 @@ class Model:
     """Everything generation needs: the architecture, its weights and its tokenizer."""
 
     config: ModelConfig
-    params: Params
+    params: Params  # in the decoding layout (one array per layer: model.py's docstring), whatever was given
     tokenizer: Tokenizer
     path: Path | None = None
+
+    def __post_init__(self):
+        # Split once here, so every pass reads each layer's weights where they lie (a stacked tree given by a caller
+        # is copied once; `checkpoint.load` hands over a tree already split, its stacked leaves freed).
+        object.__setattr__(self, "params", decoding_params(self.params, self.config))
 
     @property
     def family(self) -> Family:

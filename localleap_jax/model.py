@@ -1,19 +1,27 @@
-"""The diffusion LM transformer (LLaDA, Dream and SDAR) in Flax Linen.
+"""The diffusion LM transformer (LLaDA, Dream, SDAR, LLaDA2, LLaDA-MoE, Fast-dLLM v2): one layer as pure functions of
+its parameters, the Linen modules that declare and train them, and the boundary functions the rest calls.
 
-A Llama block: RMSNorm -> attention with RoPE -> residual, RMSNorm -> SwiGLU -> residual; final RMSNorm and
-an LM head. The families differ only in configuration: Dream (a Qwen2.5 block) adds biases to the q/k/v
-projections and uses its own norm eps and RoPE theta, and its logits lag by one position
+A Llama block: RMSNorm -> attention with RoPE -> residual, RMSNorm -> SwiGLU (or a mixture of experts) -> residual;
+final RMSNorm and an LM head. The families differ only in configuration: Dream (a Qwen2.5 block) adds biases to the
+q/k/v projections and uses its own norm eps and RoPE theta, and its logits lag by one position
 (`ModelConfig.logits_shift`), which `forward` applies and `trunk`/`head` leave to the caller. SDAR (a Qwen3
 block) normalises each head of q and k before RoPE, may tie its head to the embedding, and attends
 block-causally (`ModelConfig.block_size`): a query sees the keys of its own block and of earlier ones, on
 each row's grid from its first real token. LLaDA and Dream attend bidirectionally.
 
-Why Linen: parameters are a plain pytree, so Orbax saves and restores them as-is, `pmap`
-replicates them and `lax.while_loop` closes over them without any split/merge step, and
-`nn.scan` stacks the layers ([n_layers, ...] leaves) so compile time does not grow with depth.
+Two layouts of the same parameters:
+  stacked    {"wte", "blocks" (+ "moe_blocks", ...: `segments`), "ln_f", "ff_out"}: each run of layers' leaves
+             stacked [n_layers, ...]. What `init_params` makes, training updates (`nn.scan` over the stack, so
+             compile time does not grow with depth) and checkpoints store.
+  decoding   {"wte", "layers": (layer 0, layer 1, ...), "ln_f", "ff_out"}: one array per layer and matrix, split
+             once (`decoding_params`; `ll.load` does it). Decoding runs the layers unrolled over these, so a pass
+             reads each weight where it lies: cutting a layer out of a stack inside the loop (what a scan does)
+             copies every weight once per pass, which at small batch costs more than the matmuls (issue #44).
+The boundary functions take either layout; the math is the same functions (`attention_inputs`,
+`attention_output`, `feed_forward`) either way.
 
-Precision: weights and matmuls in the parameter dtype (bf16 by default); RMSNorm, RoPE and
-the attention softmax in fp32; logits returned in fp32.
+Precision: weights and matmuls in the parameter dtype (bf16 by default); RMSNorm, RoPE and the attention softmax
+in fp32; logits returned in fp32.
 
 Boundary functions (all pure; jitted with the config static, so a call outside a compiled program compiles
 once per shape instead of dispatching op by op, and inside one it simply inlines):
@@ -25,13 +33,15 @@ once per shape instead of dispatching op by op, and inside one it simply inlines
   trunk_stored(...)                                 -> the same, and the cache with the window's K/V
   head(params, hidden)                              -> logits for only the positions given
                                                        (per hidden position: never shifted)
+`soft` (trunk, trunk_cached, trunk_stored): an addition to the token embeddings of the positions run (a rule that
+feeds the model a soft input: iteration smoothing).
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -42,15 +52,15 @@ from jaxtyping import Array, Bool, Float, Int
 from localleap_jax.config import ModelConfig
 from localleap_jax.moe import MoELayers, expert_mesh, moe_layer
 
-Params = dict  # the Linen parameter tree: {"wte", "blocks", "ln_f", "ff_out"} (q/k/v "bias" with qkv_bias,
-# "q_norm"/"k_norm" with qk_norm, no "ff_out" with a tied head)
+Params = dict  # the parameter tree, stacked or decoding layout (module docstring)
 
 
 class KVCache(NamedTuple):
-    """Keys and values of every layer at every canvas position (after RoPE)."""
+    """Keys and values of every layer at every canvas position (after RoPE): one array per layer, so a pass reads
+    and writes each layer's in place."""
 
-    k: Float[Array, "N B L K H"]
-    v: Float[Array, "N B L K H"]
+    k: tuple[Float[Array, "B L K H"], ...]
+    v: tuple[Float[Array, "B L K H"], ...]
 
 
 class CacheWrite(NamedTuple):
@@ -118,6 +128,30 @@ def attention(q: Float[Array, "B T N H"], k: Float[Array, "B S K H"], v: Float[A
     return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation=impl)
 
 
+def attention_two_parts(q: Float[Array, "B T N H"], parts: tuple[tuple[Array, Array, Array], ...]
+                        ) -> Float[Array, "B T N H"]:
+    """Attention over keys held in several arrays, one softmax over all of them: `parts` are (k [B, S, K, H],
+    v [B, S, K, H], mask [B, #T, S]) each. A cached pass attends over the cache and its own window this way, so
+    neither is copied into the other (the arithmetic of `jax.nn.dot_product_attention`'s XLA path)."""
+    B, T, N, H = q.shape
+    K = parts[0][0].shape[2]
+    qg = q.reshape(B, T, K, N // K, H)
+    scale = jnp.float32(1.0 / np.sqrt(H))
+    big_negative = jnp.float32(-0.7 * float(jnp.finfo(jnp.float32).max))  # as jax.nn.dot_product_attention masks
+    logits = []
+    for k, _, mask in parts:
+        s = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+        logits.append(jnp.where(mask[:, None, None, :, :], s, big_negative))
+    probs = jax.nn.softmax(jnp.concatenate(logits, axis=-1), axis=-1).astype(parts[0][1].dtype)
+    out, at = None, 0
+    for k, v, _ in parts:
+        width = k.shape[1]
+        o = jnp.einsum("bkgts,bskh->btkgh", probs[..., at:at + width], v)
+        out = o if out is None else out + o
+        at += width
+    return out.reshape(B, T, N, H)
+
+
 def attention_mask(query_positions: Int[Array, "B T"], key_mask: Bool[Array, "B S"], block_size: int
                    ) -> Bool[Array, "B #T S"]:
     """Which keys each query sees: every real key (block_size 0), or the real keys of its own block and
@@ -134,7 +168,67 @@ def positions_from_mask(mask: Bool[Array, "B L"]) -> Int[Array, "B L"]:
     return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
 
 
-# ---------------------------------------------------------------- Linen modules
+# ---------------------------------------------------------------- one layer, as pure functions of its parameters
+# A layer's parameters are a dict in Linen's naming: attn_norm/scale, q_proj, k_proj, v_proj (kernel [D, out],
+# bias with qkv_bias), q_norm/k_norm (qk_norm), attn_out, ff_norm, and ff_proj/up_proj/ff_out (a dense layer) or
+# moe (a mixture of experts: gate, experts, expert_bias, shared_gate_proj/shared_up_proj/shared_down_proj).
+
+
+def linear(p: dict, x: Float[Array, "... I"]) -> Float[Array, "... O"]:
+    """x @ kernel (+ bias), in the input's dtype: nn.Dense's arithmetic."""
+    kernel = p["kernel"].astype(x.dtype)
+    y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+    return y + p["bias"].astype(x.dtype) if "bias" in p else y
+
+
+def norm(p: dict, x: Float[Array, "... D"], eps: float) -> Float[Array, "... D"]:
+    return rms_norm(x, p["scale"].astype(x.dtype), eps)
+
+
+def attention_inputs(p: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"], c: ModelConfig
+                     ) -> tuple[Float[Array, "B T N H"], Float[Array, "B T K H"], Float[Array, "B T K H"]]:
+    """The layer's queries, keys and values of x (after its norm, q/k norms and RoPE)."""
+    B, T, _ = x.shape
+    h = norm(p["attn_norm"], x, c.rms_norm_eps)
+    q = linear(p["q_proj"], h).reshape(B, T, c.n_heads, c.head_dim)
+    k = linear(p["k_proj"], h).reshape(B, T, c.n_kv_heads, c.head_dim)
+    v = linear(p["v_proj"], h).reshape(B, T, c.n_kv_heads, c.head_dim)
+    if c.qk_norm:  # Qwen3: each head of q and k normalised before RoPE
+        q, k = norm(p["q_norm"], q, c.rms_norm_eps), norm(p["k_norm"], k, c.rms_norm_eps)
+    return rope(q, positions, c.rope_theta, c.rotary_dim), rope(k, positions, c.rope_theta, c.rotary_dim), v
+
+
+def attention_output(p: dict, o: Float[Array, "B T N H"]) -> Float[Array, "B T D"]:
+    """The attention sublayer's output (before the residual): the heads through attn_out."""
+    B, T, N, H = o.shape
+    return linear(p["attn_out"], o.reshape(B, T, N * H))
+
+
+def feed_forward(p: dict, x: Float[Array, "B T D"], c: ModelConfig, moe: bool) -> Float[Array, "B T D"]:
+    """The feed-forward sublayer's output (before the residual): its norm, then SwiGLU or the mixture of experts."""
+    h = norm(p["ff_norm"], x, c.rms_norm_eps)
+    if moe:
+        return moe_layer(c.arch.moe, moe_params(p["moe"]), h, mesh=expert_mesh())
+    return linear(p["ff_out"], nn.silu(linear(p["ff_proj"], h)) * linear(p["up_proj"], h))
+
+
+def moe_params(p: dict) -> dict:
+    """A MoE layer's tree (Linen's names) as moe.py reads it."""
+    out = {"gate": p["gate"], "experts": p["experts"]}
+    if "expert_bias" in p:
+        out["expert_bias"] = p["expert_bias"]
+    shared = {n: p[f"shared_{n}"] for n in ("gate_proj", "up_proj", "down_proj") if f"shared_{n}" in p}
+    if shared:
+        out["shared"] = shared
+    return out
+
+
+def layer_kinds(config: ModelConfig) -> tuple[bool, ...]:
+    """Per layer: True where its feed-forward is a mixture of experts."""
+    return config.arch.layers if isinstance(config.arch, MoELayers) else (False,) * config.n_layers
+
+
+# ---------------------------------------------------------------- Linen modules (init and training: stacked)
 
 _init = nn.initializers.normal(stddev=0.02)
 
@@ -162,73 +256,98 @@ class Leaves(nn.Module):
         return {name: self.param(name, init, shape, self.param_dtype) for name, shape in self.shapes}
 
 
-class MoEFeedForward(nn.Module):
-    """A MoE feed-forward (localleap_jax.moe): the router's gate, its expert bias, the routed experts and the shared
-    ones, under the names moe.py reads; the routed experts split over a mesh's "expert" axis when there is one."""
+class LinearParams(nn.Module):
+    """A projection's parameters as nn.Dense declares them: kernel [in, out] ~ N(0, 0.02), then a zero bias."""
 
-    arch: MoELayers
+    shape: tuple[int, int]
+    bias: bool = False
     param_dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, h):
-        a, D = self.arch, h.shape[-1]
+    def __call__(self) -> dict:
+        p = {"kernel": self.param("kernel", _init, self.shape, self.param_dtype)}
+        if self.bias:
+            p["bias"] = self.param("bias", nn.initializers.zeros, (self.shape[1],), self.param_dtype)
+        return p
+
+
+class ScaleParams(nn.Module):
+    """A norm's scale as RMSNorm declares it: ones."""
+
+    width: int
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self) -> dict:
+        return {"scale": self.param("scale", nn.initializers.ones, (self.width,), self.param_dtype)}
+
+
+class MoEParams(nn.Module):
+    """A MoE feed-forward's parameters (localleap_jax.moe): the router's gate, its expert bias, the routed experts and
+    the shared ones, under the names `moe_params` maps to moe.py's."""
+
+    arch: MoELayers
+    d_model: int
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self) -> dict:
+        a, D, dt = self.arch, self.d_model, self.param_dtype
         E, F, S = a.moe.router.num_experts, a.expert_hidden, a.shared_hidden
-        dt = self.param_dtype
-        params = {"gate": Leaves((("kernel", (D, E)),), dt, name="gate")(),
-                  "experts": Leaves((("gate_proj", (E, D, F)), ("up_proj", (E, D, F)), ("down_proj", (E, F, D))), dt,
-                                    name="experts")()}
+        p = {"gate": Leaves((("kernel", (D, E)),), dt, name="gate")(),
+             "experts": Leaves((("gate_proj", (E, D, F)), ("up_proj", (E, D, F)), ("down_proj", (E, F, D))), dt,
+                               name="experts")()}
         if a.expert_bias:
-            params["expert_bias"] = self.param("expert_bias", nn.initializers.zeros, (E,), dt)
-        if S:
-            params["shared"] = {n: Leaves((("kernel", shape),), dt, name=f"shared_{n}")()
-                                for n, shape in (("gate_proj", (D, S)), ("up_proj", (D, S)), ("down_proj", (S, D)))}
-        return moe_layer(a.moe, params, h, mesh=expert_mesh())
+            p["expert_bias"] = self.param("expert_bias", nn.initializers.zeros, (E,), dt)
+        for n, shape in ((("gate_proj", (D, S)), ("up_proj", (D, S)), ("down_proj", (S, D))) if S else ()):
+            p[f"shared_{n}"] = Leaves((("kernel", shape),), dt, name=f"shared_{n}")()
+        return p
 
 
 class Block(nn.Module):
-    """One Llama-style block (LLaDA, or Dream with q/k/v biases). Returns (x, (k, v)) so the layer
-    scan can stack K/V. `moe`: its feed-forward is a mixture of experts (config.arch, a MoELayers)."""
+    """One layer under `nn.scan` (training and the stacked layout): declares its parameters in its own scope (the
+    names checkpoints store), then runs the pure layer functions. Returns (x, (k, v)) so the scan stacks K/V.
+    `moe`: its feed-forward is a mixture of experts (config.arch, a MoELayers)."""
 
     config: ModelConfig
     param_dtype: jnp.dtype = jnp.float32
     moe: bool = False
 
     @nn.compact
-    def __call__(self, x, positions, mask, write, layer_cache):
-        c = self.config
-        dense = functools.partial(nn.Dense, use_bias=False, kernel_init=_init,
-                                  param_dtype=self.param_dtype, dtype=x.dtype)
-        qkv = functools.partial(dense, use_bias=c.qkv_bias)
-        B, T, _ = x.shape
-        h = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype, name="attn_norm")(x)
-        q = qkv(c.n_heads * c.head_dim, name="q_proj")(h).reshape(B, T, c.n_heads, c.head_dim)
-        k = qkv(c.n_kv_heads * c.head_dim, name="k_proj")(h).reshape(B, T, c.n_kv_heads, c.head_dim)
-        v = qkv(c.n_kv_heads * c.head_dim, name="v_proj")(h).reshape(B, T, c.n_kv_heads, c.head_dim)
-        if c.qk_norm:  # Qwen3: each head of q and k normalised before RoPE
-            q = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype, name="q_norm")(q)
-            k = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype, name="k_norm")(k)
-        q, k = rope(q, positions, c.rope_theta, c.rotary_dim), rope(k, positions, c.rope_theta, c.rotary_dim)
-        if layer_cache:  # queries are a window of the canvas; the other keys come from the cache
-            k_all, v_all = (_write_window(cached, new, write) for cached, new in zip(layer_cache, (k, v)))
-        else:
-            k_all, v_all = k, v
-        o = attention(q, k_all, v_all, mask).reshape(B, T, c.n_heads * c.head_dim)
-        x = x + dense(c.d_model, name="attn_out")(o)
-        h = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype, name="ff_norm")(x)
+    def __call__(self, x, positions, mask):
+        p = self.layer_params()
+        q, k, v = attention_inputs(p, x, positions, self.config)
+        x = x + attention_output(p, attention(q, k, v, mask))
+        return x + feed_forward(p, x, self.config, self.moe), (k, v)
+
+    def layer_params(self) -> dict:
+        c, dt = self.config, self.param_dtype
+        D, q, kv = c.d_model, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        p = {"attn_norm": ScaleParams(D, dt, name="attn_norm")(),
+             "q_proj": LinearParams((D, q), c.qkv_bias, dt, name="q_proj")(),
+             "k_proj": LinearParams((D, kv), c.qkv_bias, dt, name="k_proj")(),
+             "v_proj": LinearParams((D, kv), c.qkv_bias, dt, name="v_proj")()}
+        if c.qk_norm:
+            p["q_norm"] = ScaleParams(c.head_dim, dt, name="q_norm")()
+            p["k_norm"] = ScaleParams(c.head_dim, dt, name="k_norm")()
+        p["attn_out"] = LinearParams((q, D), False, dt, name="attn_out")()
+        p["ff_norm"] = ScaleParams(D, dt, name="ff_norm")()
         if self.moe:
-            return x + MoEFeedForward(c.arch, self.param_dtype, name="moe")(h), (k, v)
-        gated = nn.silu(dense(c.mlp_hidden_size, name="ff_proj")(h)) * dense(c.mlp_hidden_size, name="up_proj")(h)
-        x = x + dense(c.d_model, name="ff_out")(gated)
-        return x, (k, v)
+            p["moe"] = MoEParams(c.arch, D, dt, name="moe")()
+        else:
+            F = c.mlp_hidden_size
+            p["ff_proj"] = LinearParams((D, F), False, dt, name="ff_proj")()
+            p["up_proj"] = LinearParams((D, F), False, dt, name="up_proj")()
+            p["ff_out"] = LinearParams((F, D), False, dt, name="ff_out")()
+        return p
 
 
 def segments(config: ModelConfig) -> tuple[tuple[str, bool, int, int], ...]:
     """The layers as runs of one kind, each scanned as one stack: (tree name, MoE or not, first layer, layers).
     Without MoE one run, "blocks"; a MoE model's runs are "blocks" / "moe_blocks" (a second run of a kind gets
     "_<k>"): LLaDA2 (one dense layer, then MoE) is "blocks" [1] and "moe_blocks" [N - 1]."""
-    kinds = config.arch.layers if isinstance(config.arch, MoELayers) else (False,) * config.n_layers
     runs, seen = [], {}
-    for i, kind in enumerate(kinds):
+    for i, kind in enumerate(layer_kinds(config)):
         if runs and runs[-1][1] == kind:
             name, _, first, count = runs[-1]
             runs[-1] = (name, kind, first, count + 1)
@@ -240,7 +359,7 @@ def segments(config: ModelConfig) -> tuple[tuple[str, bool, int, int], ...]:
 
 
 def layer_slot(config: ModelConfig, layer: int) -> tuple[str, int]:
-    """Where layer `layer` sits in the tree: (its run's name, its index in that stack)."""
+    """Where layer `layer` sits in the stacked tree: (its run's name, its index in that stack)."""
     for name, _, first, count in segments(config):
         if first <= layer < first + count:
             return name, layer - first
@@ -248,12 +367,21 @@ def layer_slot(config: ModelConfig, layer: int) -> tuple[str, int]:
 
 
 def _write_window(cache: Float[Array, "B L K H"], new: Float[Array, "B Q K H"], write: CacheWrite):
-    """The cache with this step's K/V written over the window positions marked fresh."""
+    """The cache with this step's K/V written over the window positions marked fresh (in place where the cache is
+    not read again)."""
     def one_row(cache_row, new_row, start, fresh):
         old = jax.lax.dynamic_slice_in_dim(cache_row, start, new_row.shape[0], axis=0)
         merged = jnp.where(fresh[:, None, None], new_row.astype(cache_row.dtype), old)
         return jax.lax.dynamic_update_slice_in_dim(cache_row, merged, start, axis=0)
     return jax.vmap(one_row)(cache, new, write.start, write.fresh)
+
+
+def _window_keys(cache_k: Float[Array, "B L K H"], write: CacheWrite) -> Bool[Array, "B L"]:
+    """The cache positions a window's fresh K/V replace."""
+    L, Q = cache_k.shape[1], write.fresh.shape[1]
+    rel = jnp.arange(L)[None, :] - write.start[:, None]
+    inside = (rel >= 0) & (rel < Q)
+    return inside & jnp.take_along_axis(write.fresh, jnp.clip(rel, 0, Q - 1), axis=1)
 
 
 class LMHead(nn.Module):
@@ -269,7 +397,8 @@ class LMHead(nn.Module):
 
 
 class DiffusionLM(nn.Module):
-    """Embedding, the scanned blocks, final norm and LM head; the same module for every family."""
+    """Embedding, the scanned blocks, final norm and LM head (the stacked layout); the same module for every
+    family."""
 
     config: ModelConfig
     param_dtype: jnp.dtype = jnp.float32
@@ -279,7 +408,7 @@ class DiffusionLM(nn.Module):
         self.wte = nn.Embed(c.embedding_size, c.d_model, embedding_init=_init, param_dtype=self.param_dtype)
         self.runs = segments(c)
         self.stacks = [nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
-                               in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0), length=count)(
+                               in_axes=(nn.broadcast, nn.broadcast), length=count)(
                            c, self.param_dtype, moe, name=name)
                        for name, moe, _, count in self.runs]
         self.ln_f = RMSNorm(c.rms_norm_eps, param_dtype=self.param_dtype)
@@ -290,19 +419,18 @@ class DiffusionLM(nn.Module):
         h, _ = self.trunk(tokens, positions, key_mask)
         return self.head(h)
 
-    def trunk(self, tokens, positions, key_mask, write=(), cache=(), mask=None):
+    def trunk(self, tokens, positions, key_mask, mask=None, soft=None):
         x = self.wte(tokens)
+        if soft is not None:
+            x = x + soft.astype(x.dtype)
         if mask is None:
             mask = attention_mask(positions, key_mask, self.config.block_size)
-        if len(self.stacks) == 1:
-            return self.stacks[0](x, positions, mask, write, cache)
         ks, vs = [], []
-        for stack, (_, _, first, count) in zip(self.stacks, self.runs):  # each run of layers reads its cache slice
-            layer_cache = tuple(c[first:first + count] for c in cache) if cache else ()
-            x, (k, v) = stack(x, positions, mask, write, layer_cache)
-            ks.append(k)
-            vs.append(v)
-        return x, (jnp.concatenate(ks), jnp.concatenate(vs))
+        for stack in self.stacks:
+            x, (k, v) = stack(x, positions, mask)
+            ks.extend(k)
+            vs.extend(v)
+        return x, (tuple(ks), tuple(vs))
 
     def head(self, h):
         h = self.ln_f(h)
@@ -310,6 +438,67 @@ class DiffusionLM(nn.Module):
             return jnp.einsum("...d,vd->...v", h, self.wte.embedding.astype(h.dtype),
                               preferred_element_type=jnp.float32)
         return self.ff_out(h)
+
+
+# ---------------------------------------------------------------- the two layouts
+
+
+def is_decoding_layout(params: Params) -> bool:
+    return "layers" in params
+
+
+def decoding_params(params: Params, config: ModelConfig, *, free: bool = False) -> Params:
+    """The decoding layout (module docstring) of a stacked tree: one array per layer and matrix, split once (a tree
+    already in it is returned as it is). `free`: delete each stacked leaf once it is split (`ll.load`: the model's
+    bytes are then held once, plus one leaf, never twice)."""
+    if is_decoding_layout(params):
+        return params
+    layers: list = [None] * config.n_layers
+    for name, _, first, count in segments(config):
+        def split(leaf):
+            parts = tuple(leaf[j] for j in range(count))
+            if free and isinstance(leaf, jax.Array):
+                leaf.delete()
+            return parts
+        per_leaf = jax.tree.map(split, params[name])
+        for j in range(count):
+            layers[first + j] = jax.tree.map(lambda parts: parts[j], per_leaf, is_leaf=lambda a: isinstance(a, tuple))
+    rest = {k: v for k, v in params.items() if k not in {name for name, *_ in segments(config)}}
+    return {**rest, "layers": tuple(layers)}
+
+
+def stacked_params(params: Params, config: ModelConfig) -> Params:
+    """The stacked layout (what checkpoints store and training updates) of a tree in either layout."""
+    if not is_decoding_layout(params):
+        return params
+    layers = params["layers"]
+    out = {k: v for k, v in params.items() if k != "layers"}
+    for name, _, first, count in segments(config):
+        out[name] = jax.tree.map(lambda *leaves: jnp.stack(leaves), *layers[first:first + count])
+    return out
+
+
+def _embed(params: Params, tokens: Int[Array, "B T"], soft: Float[Array, "B T D"] | None) -> Float[Array, "B T D"]:
+    x = jnp.take(params["wte"]["embedding"], tokens, axis=0)
+    return x if soft is None else x + soft.astype(x.dtype)
+
+
+AttendFn = Callable[[int, Array, Array, Array], tuple[Array, tuple[Array, Array]]]
+
+
+def _unrolled(params: Params, x: Float[Array, "B T D"], positions: Int[Array, "B T"], config: ModelConfig,
+              attend: AttendFn) -> tuple[Float[Array, "B T D"], tuple[tuple, tuple]]:
+    """The layers over the decoding layout, unrolled: each reads its own weights in place. `attend(i, q, k, v)`
+    -> (attention output, the layer's (k, v) to return) says where layer i's keys come from."""
+    ks, vs = [], []
+    for i, (p, moe) in enumerate(zip(params["layers"], layer_kinds(config))):
+        q, k, v = attention_inputs(p, x, positions, config)
+        o, (k_out, v_out) = attend(i, q, k, v)
+        x = x + attention_output(p, o)
+        x = x + feed_forward(p, x, config, moe)
+        ks.append(k_out)
+        vs.append(v_out)
+    return x, (tuple(ks), tuple(vs))
 
 
 # ---------------------------------------------------------------- pure boundary functions
@@ -320,18 +509,26 @@ def _module(params: Params, config: ModelConfig) -> DiffusionLM:
 
 
 def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32) -> Params:
-    """Random parameters (N(0, 0.02) matrices, zero biases, unit norms), for training and tests."""
+    """Random parameters in the stacked layout (N(0, 0.02) matrices, zero biases, unit norms), for training and
+    tests."""
     tokens = jnp.zeros((1, 2), jnp.int32)
     mask = jnp.ones((1, 2), bool)
-    variables = jax.jit(DiffusionLM(config, param_dtype=jnp.dtype(dtype)).init)(rng, tokens, positions_from_mask(mask), mask)
+    module = DiffusionLM(config, param_dtype=jnp.dtype(dtype))
+    variables = jax.jit(module.init)(rng, tokens, positions_from_mask(mask), mask)
     return variables["params"]
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def trunk(params: Params, tokens: Int[Array, "B L"], positions: Int[Array, "B L"], key_mask: Bool[Array, "B L"],
-          config: ModelConfig) -> tuple[Float[Array, "B L D"], KVCache]:
+          config: ModelConfig, soft: Float[Array, "B L D"] | None = None) -> tuple[Float[Array, "B L D"], KVCache]:
     """Hidden states before the final norm, and every layer's K/V (for a KV cache)."""
-    h, (k, v) = _module(params, config).apply({"params": params}, tokens, positions, key_mask, method=DiffusionLM.trunk)
+    if not is_decoding_layout(params):
+        h, (k, v) = _module(params, config).apply({"params": params}, tokens, positions, key_mask, soft=soft,
+                                                  method=DiffusionLM.trunk)
+        return h, KVCache(k, v)
+    mask = attention_mask(positions, key_mask, config.block_size)
+    h, (k, v) = _unrolled(params, _embed(params, tokens, soft), positions, config,
+                          lambda i, q, k, v: (attention(q, k, v, mask), (k, v)))
     return h, KVCache(k, v)
 
 
@@ -340,38 +537,72 @@ def trunk_masked(params: Params, tokens: Int[Array, "B L"], positions: Int[Array
                  mask: Bool[Array, "B L L"], config: ModelConfig) -> Float[Array, "B L D"]:
     """Hidden states under an explicit attention mask (mask[b, q, k]: query q sees key k), for training
     objectives whose sequences are not one canvas (block diffusion's clean and noisy copies side by side)."""
-    h, _ = _module(params, config).apply({"params": params}, tokens, positions, None, mask=mask,
-                                         method=DiffusionLM.trunk)
+    if not is_decoding_layout(params):
+        h, _ = _module(params, config).apply({"params": params}, tokens, positions, None, mask=mask,
+                                             method=DiffusionLM.trunk)
+        return h
+    h, _ = _unrolled(params, _embed(params, tokens, None), positions, config,
+                     lambda i, q, k, v: (attention(q, k, v, mask), (k, v)))
     return h
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def trunk_cached(params: Params, tokens: Int[Array, "B Q"], positions: Int[Array, "B Q"],
                  key_mask: Bool[Array, "B L"], cache: KVCache, write: CacheWrite,
-                 config: ModelConfig) -> Float[Array, "B Q D"]:
+                 config: ModelConfig, soft: Float[Array, "B Q D"] | None = None) -> Float[Array, "B Q D"]:
     """Hidden states for a window of Q canvas positions whose queries attend over all L keys:
-    this step's K/V where `write.fresh`, the cache's everywhere else."""
-    h, _ = _module(params, config).apply({"params": params}, tokens, positions, key_mask, write,
-                                         (cache.k, cache.v), method=DiffusionLM.trunk)
+    this step's K/V where `write.fresh`, the cache's everywhere else (the cache itself is not written)."""
+    params = decoding_params(params, config)
+    seen = attention_mask(positions, key_mask, config.block_size)  # [B, #Q, L]
+    replaced = _window_keys(cache.k[0], write)  # cache positions this window's fresh K/V stand for
+    own = _own_window_mask(positions, write, key_mask, config.block_size)  # [B, Q, Q]: window key j seen by query i
+
+    def attend(i, q, k, v):
+        parts = ((cache.k[i], cache.v[i], seen & ~replaced[:, None, :]), (k, v, own))
+        return attention_two_parts(q, parts), (k, v)
+
+    h, _ = _unrolled(params, _embed(params, tokens, soft), positions, config, attend)
     return h
+
+
+def _own_window_mask(positions: Int[Array, "B Q"], write: CacheWrite, key_mask: Bool[Array, "B L"],
+                     block_size: int) -> Bool[Array, "B Q Q"]:
+    """Which of the window's own fresh keys each of its queries sees (real ones; block-causal models: by block on
+    the grid)."""
+    Q = write.fresh.shape[1]
+    real = jnp.take_along_axis(key_mask, jnp.clip(write.start[:, None] + jnp.arange(Q), 0, key_mask.shape[1] - 1),
+                               axis=1)
+    keys = (write.fresh & real)[:, None, :]
+    if not block_size:
+        return jnp.broadcast_to(keys, (keys.shape[0], Q, Q))
+    return keys & ((positions // block_size)[:, None, :] <= (positions // block_size)[:, :, None])
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def trunk_stored(params: Params, tokens: Int[Array, "B Q"], positions: Int[Array, "B Q"],
                  key_mask: Bool[Array, "B L"], cache: KVCache, write: CacheWrite,
-                 config: ModelConfig) -> tuple[Float[Array, "B Q D"], KVCache]:
-    """`trunk_cached`, and the cache with the window's fresh K/V written into it (block diffusion keeps a
+                 config: ModelConfig, soft: Float[Array, "B Q D"] | None = None) -> tuple[Float[Array, "B Q D"], KVCache]:
+    """`trunk_cached`, and the cache with the window's fresh K/V written into it, in place (block diffusion keeps a
     finished block's K/V: they never change)."""
-    h, (k, v) = _module(params, config).apply({"params": params}, tokens, positions, key_mask, write,
-                                              (cache.k, cache.v), method=DiffusionLM.trunk)
-    store = jax.vmap(_write_window, in_axes=(0, 0, None))  # over layers
-    return h, KVCache(store(cache.k, k, write), store(cache.v, v, write))
+    params = decoding_params(params, config)
+    seen = attention_mask(positions, key_mask, config.block_size)
+
+    def attend(i, q, k, v):
+        k_all, v_all = _write_window(cache.k[i], k, write), _write_window(cache.v[i], v, write)
+        return attention(q, k_all, v_all, seen), (k_all, v_all)
+
+    h, (k, v) = _unrolled(params, _embed(params, tokens, soft), positions, config, attend)
+    return h, KVCache(k, v)
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def head(params: Params, hidden: Float[Array, "... D"], config: ModelConfig) -> Float[Array, "... V"]:
     """Final RMSNorm + LM head, in fp32 logits, for only the positions passed in."""
-    return _module(params, config).apply({"params": params}, hidden, method=DiffusionLM.head)
+    h = rms_norm(hidden, params["ln_f"]["scale"].astype(hidden.dtype), config.rms_norm_eps)
+    if config.tie_word_embeddings:  # the embedding matrix is the head (fp32 accumulation as the untied one)
+        return jnp.einsum("...d,vd->...v", h, params["wte"]["embedding"].astype(h.dtype),
+                          preferred_element_type=jnp.float32)
+    return jnp.einsum("...d,dv->...v", h, params["ff_out"]["kernel"].astype(h.dtype), preferred_element_type=jnp.float32)
 
 
 @functools.partial(jax.jit, static_argnames=("config",))

@@ -99,14 +99,15 @@ def mesh_from_text(text: str, devices=None) -> Mesh:
 
 
 def model_split_axis(path: tuple[str, ...], shape: tuple[int, ...]) -> int | None:
-    """The dimension of a parameter leaf the model axis splits (None: replicated). Leaves are
-    layer-stacked: block matrices are [n_layers, in, out]."""
+    """The dimension of a parameter leaf the model axis splits (None: replicated). A layer's matrices are
+    [in, out] in the decoding layout (path "layers", i, ...) and [n_layers, in, out] layer-stacked ("blocks", ...)."""
     stack = path[0] in ("blocks", "moe_blocks") or path[0].startswith(("blocks_", "moe_blocks_"))  # model.segments
-    where = path[2] if stack and len(path) > 3 and path[1] == "moe" else path[1] if stack else None
+    layer = path[1:] if stack else path[2:] if path[0] == "layers" else None  # the path inside one layer
+    where = None if layer is None else layer[1] if len(layer) > 2 and layer[0] == "moe" else layer[0]
     if where in _BY_OUTPUT:
-        return len(shape) - 1  # kernel [N, in, out] and bias [N, out]: the output columns
+        return len(shape) - 1  # kernel [(N,) in, out] and bias [(N,) out]: the output columns
     if where in _BY_INPUT and path[-1] == "kernel":
-        return 1  # [N, in, out]: the input rows
+        return len(shape) - 2  # [(N,) in, out]: the input rows
     if path[0] == "wte":
         return 0  # [V, D]: the vocabulary
     if path[0] == "ff_out":

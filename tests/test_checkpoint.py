@@ -91,7 +91,7 @@ def test_verify_false_skips_the_hash(ck):
 
 def test_non_finite_parameters_are_refused_naming_the_leaf(tmp_path, converted):
     model = ll.load(converted, dtype="float32")
-    params = jax.tree.map(lambda a: a, model.params)
+    params = jax.tree.map(lambda a: a, ll.families.stacked_params(model.params, model.config))  # the stored layout
     params["blocks"]["up_proj"]["kernel"] = params["blocks"]["up_proj"]["kernel"].at[1, 3, 5].set(jnp.nan)
     with checkpoint.atomic_directory(tmp_path / "nan") as tmp:  # the plain writer: hashes match the NaN content
         checkpoint.write_checkpoint_files(tmp, hf_config=write_config(model.config), params=params,

@@ -306,7 +306,7 @@ def test_an_f64_source_converts_with_an_explicit_dtype(tmp_path, capfd, compile_
     assert r.returncode == 0, r.stderr
     model = ll.load(tmp_path / "out", dtype="float32")
     q = hf_checkpoint[2]["model.transformer.blocks.1.q_proj.weight"].numpy()
-    np.testing.assert_array_equal(np.asarray(model.params["blocks"]["q_proj"]["kernel"][1]), q.T)
+    np.testing.assert_array_equal(np.asarray(model.params["layers"][1]["q_proj"]["kernel"]), q.T)
 
 
 # ---------------------------------------------------------------- Ctrl-C at any moment

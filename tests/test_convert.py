@@ -25,7 +25,7 @@ def test_bf16_source_converts_and_loads_in_either_dtype(tmp_path, hf_checkpoint)
     m32 = ll.load(tmp_path / "out", dtype="float32")
     # every weight is the source tensor, bf16-rounded, in the Flax layout
     q = tensors["model.transformer.blocks.1.q_proj.weight"].to(torch.bfloat16).float().numpy()
-    np.testing.assert_array_equal(np.asarray(m32.params["blocks"]["q_proj"]["kernel"][1]), q.T)
+    np.testing.assert_array_equal(np.asarray(m32.params["layers"][1]["q_proj"]["kernel"]), q.T)
     head = tensors["model.transformer.ff_out.weight"].to(torch.bfloat16).float().numpy()
     np.testing.assert_array_equal(np.asarray(m32.params["ff_out"]["kernel"]), head.T)
     assert ll.load(tmp_path / "out").dtype == "bfloat16"

@@ -73,10 +73,10 @@ res["loaded"].update(placed_again=len(dist_mesh._SHARDED_PARAMS), tokens=bool((o
 res["loaded"]["no_mesh_then_plain"] = bool((ll.generate(loaded, ids, mask, cfg).tokens ==
                                             ll.generate(model, ids, mask, cfg).tokens).all())
 # The non-finite check on a split leaf: per-shard counts summed across devices, never a gather.
-leaf = loaded.params["blocks"]["up_proj"]["kernel"]
+leaf = loaded.params["layers"][1]["up_proj"]["kernel"]
 hlo = checkpoint.count_non_finite.lower(leaf).compile().as_text()
 res["finite_check"] = dict(split=str(leaf.sharding.spec), all_gather="all-gather" in hlo, all_reduce="all-reduce" in hlo)
-bad = jax.tree.map(np.array, model.params)  # writable host copies
+bad = jax.tree.map(np.array, ll.families.stacked_params(model.params, model.config))  # writable host copies, stored layout
 bad["blocks"]["up_proj"]["kernel"][1, 3, 5] = np.nan
 tmp = Path(tempfile.mkdtemp())
 with checkpoint.atomic_directory(tmp / "nan") as d:  # the plain writer: hashes match the NaN content
@@ -222,7 +222,7 @@ def test_a_sharded_load_lands_in_the_shards_and_is_checked_there(eight_devices):
     loaded = res["loaded"]
     assert loaded["shardings"] and loaded["values"] and loaded["per_device"] == b["per_device"], loaded
     assert loaded["placed_again"] == 0 and loaded["tokens"] and loaded["no_mesh_then_plain"], loaded
-    assert res["finite_check"] == {"split": "P(None, None, 'model')", "all_gather": False, "all_reduce": True}
+    assert res["finite_check"] == {"split": "P(None, 'model')", "all_gather": False, "all_reduce": True}
     assert re.search(r"\['blocks'\]\['up_proj'\]\['kernel'\] holds 1 non-finite value", res["nan_refused"]), res["nan_refused"]
 
 

@@ -77,17 +77,19 @@ def test_qkv_biases_are_converted_and_matter(dream_hf_checkpoint, dream32):
     _, cfg, tensors = dream_hf_checkpoint
     model = dream32
     for ours, hf in (("q_proj", "self_attn.q_proj"), ("k_proj", "self_attn.k_proj"), ("v_proj", "self_attn.v_proj")):
-        bias = np.asarray(model.params["blocks"][ours]["bias"])
-        assert bias.shape == (cfg["num_hidden_layers"], tensors[f"model.layers.0.{hf}.bias"].shape[0])
-        np.testing.assert_array_equal(bias[2], tensors[f"model.layers.2.{hf}.bias"].numpy())
+        layers = model.params["layers"]
+        assert len(layers) == cfg["num_hidden_layers"]
+        bias = np.asarray(layers[2][ours]["bias"])
+        assert bias.shape == tensors[f"model.layers.0.{hf}.bias"].shape
+        np.testing.assert_array_equal(bias, tensors[f"model.layers.2.{hf}.bias"].numpy())
     # Each bias on its own is far from a rounding-level detail: dropping any one of them (the k bias only matters
     # through RoPE, which rotates it with the position) fails the parity test by orders of magnitude.
     ids = _ids(300, (2, 37))
     ref = _reference(dream_hf_checkpoint, ids)
     for proj in ("q_proj", "k_proj", "v_proj"):
-        blocks = {**model.params["blocks"], proj: {**model.params["blocks"][proj],
-                                                   "bias": jnp.zeros_like(model.params["blocks"][proj]["bias"])}}
-        err = np.abs(np.asarray(forward({**model.params, "blocks": blocks}, ids, None, model.config)) - ref).max()
+        layers = tuple({**layer, proj: {**layer[proj], "bias": jnp.zeros_like(layer[proj]["bias"])}}
+                       for layer in model.params["layers"])
+        err = np.abs(np.asarray(forward({**model.params, "layers": layers}, ids, None, model.config)) - ref).max()
         print(f"without the {proj} bias: max |diff| = {err:.2e}")
         assert err > 0.4  # measured 1.1 (k) to 1.8 (q) over seeds 0-4
 

@@ -146,14 +146,20 @@ def test_grouped_query_attention_matches_reference(tmp_path, tiny_tokenizer):
     assert np.abs(ours - ref).max() <= FP32_TOL  # measured 1.3e-6 (seeds 6-10)
 
 
-def test_layers_are_scanned_so_the_program_does_not_grow_with_depth(model32):
+def test_training_scans_the_stacked_layers_and_decoding_reads_each_layers_own_weights(model32):
+    """The stacked layout (init, training, checkpoints) runs the layers under a scan: one copy of the block in the
+    program. The decoding layout (a loaded model's) runs them unrolled over one array per layer and matrix: every
+    weight is read where it lies, never cut out of a stack (a dynamic slice: a copy of the weights per pass)."""
     model = model32
     ids = jnp.zeros((1, 8), jnp.int32)
-    jaxpr = jax.make_jaxpr(lambda p: forward(p, ids, None, model.config))(model.params)
-    text = str(jaxpr)
+    stacked = ll.families.stacked_params(model.params, model.config)
+    assert "blocks" in stacked and "layers" in model.params
+    text = str(jax.make_jaxpr(lambda p: forward(p, ids, None, model.config))(stacked))
     assert "scan" in text
-    # one copy of the block: a single q projection dot per layer body, not n_layers of them
-    assert text.count("dot_general") < 12
+    assert text.count("dot_general") < 12  # a single q projection dot per layer body, not n_layers of them
+    text = str(jax.make_jaxpr(lambda p: forward(p, ids, None, model.config))(model.params))
+    assert "scan" not in text and "dynamic_slice" not in text
+    assert text.count("dot_general") >= 7 * model.config.n_layers  # q, k, v, out, gate, up, down of every layer
 
 
 @pytest.mark.parametrize("mode", ["dual", "prefix"])
@@ -182,9 +188,9 @@ def test_cached_forward_equals_full_forward_right_after_a_refresh(model32, mode)
     err = np.abs(np.asarray(h) - take(full))
     if mode == "prefix":  # only positions from the block on are the model's output; earlier ones are discarded
         err = err[idx >= starts[:, None]]
-    # Measured (hidden scale ~8, seeds 7-10): dual 2.4e-6 to 3.6e-6 (the window's matmuls differ from the full
-    # forward's); prefix bit-identical, allowed a few ulps of the scale for another tiling.
-    tol = 1e-5 if mode == "dual" else 4 * np.spacing(np.float32(np.abs(np.asarray(full)).max()))
+    # Measured (hidden scale ~8, seeds 7-10): dual 2.4e-6 to 3.8e-6, prefix 2.9e-6 to 3.3e-6 (the window's matmuls differ from
+    # the full forward's, and its softmax sums the cache's keys and its own apart: model.attention_two_parts).
+    tol = 1e-5
     print(f"{mode}: max |diff| = {err.max():.2e} (tolerance {tol:.1e})")
     assert err.max() <= tol
 

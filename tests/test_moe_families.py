@@ -233,12 +233,12 @@ res = {}
 for data, expert, model in ((2, 4, 1), (1, 8, 1), (2, 2, 2)):
     mesh = ll.make_mesh(data=data, expert=expert, model=model)
     m = ll.load(path, dtype="float32", mesh=mesh)
-    leaf = m.params["moe_blocks"]["moe"]["experts"]["gate_proj"]   # [layers, E, D, F]
+    leaf = m.params["layers"][-1]["moe"]["experts"]["gate_proj"]   # [E, D, F] of the last layer
     held = addressable_bytes({"x": leaf})
     out = ll.generate(m, ids, mask, cfg, mesh=mesh)
     res[f"{data}x{expert}x{model}"] = dict(
         tokens=bool((out.tokens == ref.tokens).all()), nfe=out.nfe.tolist() == ref.nfe.tolist(),
-        experts_axis=leaf.shape[1], share=max(held.values()) / leaf.nbytes)
+        experts_axis=leaf.shape[0], share=max(held.values()) / leaf.nbytes)
 print(json.dumps(res))
 """
 

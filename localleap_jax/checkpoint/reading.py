@@ -17,7 +17,7 @@ import numpy as np
 from localleap_jax.checkpoint.manifest import check_params_content, check_params_layout, read_manifest
 from localleap_jax.config import ModelConfig
 from localleap_jax.errors import CheckpointError, ConfigError, TokenizerError, first_line
-from localleap_jax.families import init_params, read_config_file
+from localleap_jax.families import decoding_params, init_params, read_config_file
 from localleap_jax.loaded import Model
 from localleap_jax.model import Params
 from localleap_jax.partition import param_shardings
@@ -138,6 +138,8 @@ def load(path: str | Path | Opened, dtype: str | Any = "bfloat16", verify: bool 
                       "not verified", stacklevel=3)
     params = agree(lambda: restore(opened, dtype, verify=verify, mesh=mesh), f"reading {opened.path}/params")
     check_finite(params, f"{opened.path}/params")  # the same verdict on every process
+    # One array per layer for decoding, each stored stack freed once split: never two copies of the weights.
+    params = decoding_params(params, opened.config, free=True)
     tokenizer = agree(lambda: _tokenizer_of(opened.path, opened.config), f"reading {opened.path}'s tokenizer")
     return Model(opened.config, params, tokenizer, opened.path)
 

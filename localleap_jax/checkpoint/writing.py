@@ -18,6 +18,7 @@ import jax
 
 from localleap_jax.checkpoint.manifest import FORMAT, PARAMS_DIGEST, fingerprint_of, params_file_records
 from localleap_jax.checkpoint.reading import abstract_params, check_finite, check_tree
+from localleap_jax.families import stacked_params
 from localleap_jax.config import ModelConfig
 from localleap_jax.errors import CheckpointError
 from localleap_jax.families import write_config
@@ -193,7 +194,9 @@ def save(out: str | Path, config: ModelConfig, params: Params, tokenizer_dir: st
          readme: str = "", chunk_bytes: int | None = CHUNK_BYTES) -> Path:
     """Write a checkpoint directory atomically (see the module docstring). Non-finite parameters
     (a training run that diverged) are refused before anything is written. `chunk_bytes`: see
-    CHUNK_BYTES (None: one stored chunk per array, Orbax's default)."""
+    CHUNK_BYTES (None: one stored chunk per array, Orbax's default). `params` in either layout (a loaded model's is
+    stacked back: checkpoints store each run of layers stacked)."""
+    params = stacked_params(params, config)
     check_tree(params, abstract_params(config, jax.tree.leaves(params)[0].dtype), "params to save")
     check_finite(params, "params to save")
     with atomic_directory(out) as tmp:

@@ -522,7 +522,7 @@ def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
             if getattr(source.config, name) != getattr(config, name):
                 raise UserError(f"--init-from {init_from} has {name}={getattr(source.config, name)}, this run "
                                 f"{getattr(config, name)}")
-        params, copied, kept = warm_start(params, source.params)
+        params, copied, kept = warm_start(params, families.stacked_params(source.params, source.config))
         if not copied:
             raise UserError(f"--init-from {init_from}: no parameter has a matching shape")
         warm = {"init_from": args.init_from, "copied_leaves": len(copied), "kept_init": kept}

@@ -52,6 +52,10 @@ class Family:
     # decode loop runs, `denoiser(params, config)`. None: model.py's network and `denoiser.ModelDenoiser`.
     init_params: Callable[..., Any] | None = None
     denoiser: Callable[[Any, ModelConfig], Any] | None = None
+    # The two layouts of its parameters (model.py's docstring): `decoding_params(params, config, free=)` splits the
+    # stored tree into one array per layer, `stacked_params(params, config)` stacks it back. None: model.py's.
+    decoding_params: Callable[..., Any] | None = None
+    stacked_params: Callable[[Any, ModelConfig], Any] | None = None
     chat_format: str = "llada"  # the small tokenizers this project trains: LLaDA's specials, or "chatml"
     key_hint: str | None = None  # a config.json key that names the family when architectures do not
     # Conversion: what config.json lacks, completed from the source's other files (`complete_config(src, hf)`);
@@ -142,8 +146,9 @@ def tensor_map(config: ModelConfig) -> dict[str, Target]:
 
 
 def hf_tensors(params: Any, config: ModelConfig) -> dict[str, Any]:
-    """The family's HF-named tensors ([out, in] like PyTorch) from a Flax tree (for the PyTorch references)."""
-    return by_hf_name(params, tensor_map(config))
+    """The family's HF-named tensors ([out, in] like PyTorch) from a Flax tree in either layout (for the PyTorch
+    references)."""
+    return by_hf_name(stacked_params(params, config), tensor_map(config))
 
 
 def init_params(config: ModelConfig, rng, dtype=None):
@@ -162,7 +167,24 @@ def denoiser_of(params: Any, config: ModelConfig):
     from localleap_jax.denoiser import ModelDenoiser
 
     make = family_of(config).denoiser
-    return make(params, config) if make is not None else ModelDenoiser(params, config)
+    return make(params, config) if make is not None else ModelDenoiser.of(params, config)
+
+
+def decoding_params(params: Any, config: ModelConfig, *, free: bool = False):
+    """The parameters as decoding reads them: one array per layer and matrix (a tree already so: as it is).
+    `free`: delete each stored leaf once split (the model's bytes held once while loading)."""
+    from localleap_jax import model
+
+    split = family_of(config).decoding_params or model.decoding_params
+    return split(params, config, free=free)
+
+
+def stacked_params(params: Any, config: ModelConfig):
+    """The parameters as checkpoints store them and training updates them (each run of layers stacked)."""
+    from localleap_jax import model
+
+    stack = family_of(config).stacked_params or model.stacked_params
+    return stack(params, config)
 
 
 def make_tokenizer(family: str, texts, vocab_size: int = 512):
@@ -173,6 +195,6 @@ def make_tokenizer(family: str, texts, vocab_size: int = 512):
     return train(texts, vocab_size, chat=record.chat_format, mask_token=record.mask_token)
 
 
-__all__ = ["FAMILIES", "Family", "Target", "denoiser_of", "detect", "family_of", "hf_tensors", "init_params",
-           "make_tokenizer",
+__all__ = ["FAMILIES", "Family", "Target", "decoding_params", "denoiser_of", "detect", "family_of", "hf_tensors",
+           "init_params", "make_tokenizer", "stacked_params",
            "read_config", "read_config_file", "tensor_map", "write_config"]

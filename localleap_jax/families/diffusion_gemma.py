@@ -31,10 +31,12 @@ matmuls in the parameter dtype, logits in fp32):
 Positions start at each row's first real token (left padding is never attended), so a left-padded row
 computes what it computes alone.
 
-Cost, as written (not yet tuned): the layers are a Python loop (unrolled: compile time grows with depth, the
-kinds' stacks sliced per layer); `decode` concatenates each layer's cached K/V with the canvas' (a copy of the
-buffer per layer and pass) and `encode_into` attends over the whole buffer under a mask. A scan over the
-periodic layer pattern and a two-part softmax (cache, canvas) would remove both.
+Layouts: the stored tree holds one layer-stacked dict per kind ("sliding" [Ns, ...], "full" [Nf, ...]); decoding
+reads `decoding_params`' one dict per layer (`params["layers"]`, in layer order: `ll.load` splits once), so a pass
+reads each layer's weights where they lie. The layers are a Python loop (unrolled: compile time grows with depth);
+each layer's encoder K/V is an array of its own, written in place by `encode_into`, and `decode` attends over
+[encoder K/V ; canvas K/V] with one softmax over both parts without concatenating them. `encode_into` attends over
+the whole buffer under a mask.
 
 Public functions (`config` is the loaded ModelConfig; all jit with it static):
 
@@ -52,7 +54,7 @@ Public functions (`config` is the loaded ModelConfig; all jit with it static):
     accepted = accept(z, entropy_bound)                   # EntropyBoundSampler.accept_canvas's set
     stop_now, history = stop(argmax, history, z, confidence_threshold)   # StableAndConfidentStoppingCriteria
 
-The encoder K/V cache (`EncoderCache`): per layer kind a [N_kind, B, S, K, hd] buffer for K and for V, each
+The encoder K/V cache (`EncoderCache`): per layer a [B, S, K, hd] buffer for K and for V, each
 slot's position [B, S], whether it holds a real token [B, S], and per row the next free slot (`end`) and the
 count of real tokens encoded (`length`, the position the canvas starts at). Its shape never changes, so it is a
 `lax.while_loop` carry. `encode_into` writes a chunk of T slots at each row's `end` and attends over the whole
@@ -538,17 +540,22 @@ def _qkv(lp: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"], kind:
     return q, k, _rms(v_raw, None, eps)
 
 
-def _attend(q: Float[Array, "B T H hd"], k: Float[Array, "B S K hd"], v: Float[Array, "B S K hd"],
-            allowed: Bool[Array, "B #T S"]) -> Float[Array, "B T Hhd"]:
-    """Attention with scale 1.0 and an fp32 softmax; a query that may see no key gets a uniform average (only
-    padding queries, whose outputs nothing reads)."""
+def _attend(q: Float[Array, "B T H hd"], parts: tuple[tuple[Array, Array, Array], ...]) -> Float[Array, "B T Hhd"]:
+    """Attention with scale 1.0 and one fp32 softmax over keys held in several arrays (`parts`: (k [B, S, K, hd],
+    v [B, S, K, hd], allowed [B, #T, S]) each: the decoder reads the encoder's buffer and its canvas' own K/V without
+    concatenating them); a query that may see no key gets a uniform average (only padding queries, whose outputs
+    nothing reads)."""
     B, T, H, hd = q.shape
-    K = k.shape[2]
+    K = parts[0][0].shape[2]
     q = q.reshape(B, T, K, H // K, hd)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(B, T, H * hd)
+    scores = [jnp.where(allowed[:, None, None], jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32),
+                        jnp.finfo(jnp.float32).min) for k, _, allowed in parts]
+    probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(parts[0][1].dtype)
+    out, at = 0, 0
+    for k, v, _ in parts:
+        out = out + jnp.einsum("bkgts,bskd->btkgd", probs[..., at:at + k.shape[1]], v)
+        at += k.shape[1]
+    return out.reshape(B, T, H * hd)
 
 
 def _feed_forward(lp: dict, h: Float[Array, "B T D"], config: ModelConfig, mesh=None) -> Float[Array, "B T D"]:
@@ -562,8 +569,38 @@ def _feed_forward(lp: dict, h: Float[Array, "B T D"], config: ModelConfig, mesh=
     return _rms(dense + _rms(routed, lp["post_ffw_norm_2"], eps), lp["post_ffw_norm"], eps)
 
 
-def _layer_params(params: dict, kind: str, j: int) -> dict:
-    return jax.tree.map(lambda leaf: leaf[j], params[kind])
+def decoding_params(params: dict, config: ModelConfig, *, free: bool = False) -> dict:
+    """The decoding layout: `params["layers"]`, one dict of arrays per layer in layer order, in place of the kinds'
+    stacks (each pass then reads a layer's weights where they lie; model.py's docstring). `free`: delete each stack
+    once split."""
+    if "layers" in params:
+        return params
+    a = arch_of(config)
+    split = {}
+    for kind in ("sliding", "full"):
+        if kind in params:
+            def parts(leaf, n=a.count(kind)):
+                out = tuple(leaf[j] for j in range(n))
+                if free and isinstance(leaf, jax.Array):
+                    leaf.delete()
+                return out
+            split[kind] = jax.tree.map(parts, params[kind])
+    layers = tuple(jax.tree.map(lambda t, j=j: t[j], split[kind], is_leaf=lambda t: isinstance(t, tuple))
+                   for kind, j in a.slots)
+    return {**{k: v for k, v in params.items() if k not in ("sliding", "full")}, "layers": layers}
+
+
+def stacked_params(params: dict, config: ModelConfig) -> dict:
+    """The stored layout (one layer-stacked dict per kind) of a tree in either layout."""
+    if "layers" not in params:
+        return params
+    a = arch_of(config)
+    out = {k: v for k, v in params.items() if k != "layers"}
+    for kind in ("sliding", "full"):
+        mine = [lp for lp, (k, _) in zip(params["layers"], a.slots) if k == kind]
+        if mine:
+            out[kind] = jax.tree.map(lambda *leaves: jnp.stack(leaves), *mine)
+    return out
 
 
 def _head(params: dict, h: Float[Array, "B T D"], config: ModelConfig) -> Float[Array, "B T V"]:
@@ -580,8 +617,8 @@ def _head(params: dict, h: Float[Array, "B T D"], config: ModelConfig) -> Float[
 class EncoderCache(NamedTuple):
     """The encoder's K/V in a static-shape buffer of S slots per row (module docstring)."""
 
-    k: dict[str, Float[Array, "N B S K hd"]]  # per layer kind ("sliding", "full"): keys after norm and RoPE
-    v: dict[str, Float[Array, "N B S K hd"]]  # values after the scale-free norm
+    k: tuple[Float[Array, "B S K hd"], ...]  # per layer, in layer order: keys after norm and RoPE
+    v: tuple[Float[Array, "B S K hd"], ...]  # values after the scale-free norm
     positions: Int[Array, "B S"]  # each slot's position in its row
     valid: Bool[Array, "B S"]  # the slot holds a real token
     end: Int[Array, "B"]  # the next free slot
@@ -590,10 +627,8 @@ class EncoderCache(NamedTuple):
 
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> EncoderCache:
     """An empty cache of max_len slots per row (prompt width + the canvases to come); `dtype`: the parameters'."""
-    a = arch_of(config)
-    k = {kind: jnp.zeros((a.count(kind), batch, max_len, *head_dims(config)[kind]), dtype)
-         for kind in ("sliding", "full") if a.count(kind)}
-    return EncoderCache(k, dict(k), jnp.zeros((batch, max_len), jnp.int32), jnp.zeros((batch, max_len), bool),
+    k = tuple(jnp.zeros((batch, max_len, *head_dims(config)[kind]), dtype) for kind, _ in arch_of(config).slots)
+    return EncoderCache(k, k, jnp.zeros((batch, max_len), jnp.int32), jnp.zeros((batch, max_len), bool),
                         jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), jnp.int32))
 
 
@@ -623,20 +658,20 @@ def _encode(params: dict, cache: EncoderCache, ids: Int[Array, "B T"], mask: Boo
     valid = _write_rows(cache.valid, written, cache.end, rows)
     causal = valid[:, None, :] & (slot_pos[:, None, :] <= positions[:, :, None])  # [B, T, S]
     windowed = causal & (slot_pos[:, None, :] > positions[:, :, None] - a.sliding_window)
-    k_buf, v_buf = dict(cache.k), dict(cache.v)
+    params = decoding_params(params, config)
+    k_buf, v_buf = [], []
     h = _embed(params, ids, config)
     eps = config.rms_norm_eps
-    for kind, j in a.slots:
-        lp = _layer_params(params, kind, j)
+    for i, (lp, (kind, _)) in enumerate(zip(params["layers"], a.slots)):
         q, k, v = _qkv(lp, _rms(h, lp["input_norm"], eps), positions, kind, config)
-        k_buf[kind] = k_buf[kind].at[j].set(_write_rows(k_buf[kind][j], k, cache.end, rows))
-        v_buf[kind] = v_buf[kind].at[j].set(_write_rows(v_buf[kind][j], v, cache.end, rows))
-        attn = _attend(q, k_buf[kind][j], v_buf[kind][j], windowed if kind == "sliding" else causal)
+        k_buf.append(_write_rows(cache.k[i], k, cache.end, rows))  # each layer's buffer, written in place
+        v_buf.append(_write_rows(cache.v[i], v, cache.end, rows))
+        attn = _attend(q, ((k_buf[i], v_buf[i], windowed if kind == "sliding" else causal),))
         h = h + _rms(attn @ lp["o_proj"]["kernel"], lp["post_attn_norm"], eps)
         h = (h + _feed_forward(lp, h, config, mesh)) * lp["encoder_layer_scalar"]
     T = ids.shape[1]
     moved = T if rows is None else T * rows.astype(jnp.int32)
-    cache = EncoderCache(k_buf, v_buf, slot_pos, valid, cache.end + moved,
+    cache = EncoderCache(tuple(k_buf), tuple(v_buf), slot_pos, valid, cache.end + moved,
                          cache.length + jnp.sum(written, axis=1, dtype=jnp.int32))
     return h, cache
 
@@ -660,7 +695,7 @@ def restart_rows(cache: EncoderCache, rows: Bool[Array, "B"]) -> EncoderCache:
 
 def layer_kv(cache: EncoderCache, config: ModelConfig) -> tuple[tuple[Array, Array], ...]:
     """One (k, v) [B, S, K, hd] per layer, in layer order."""
-    return tuple((cache.k[kind][j], cache.v[kind][j]) for kind, j in arch_of(config).slots)
+    return tuple(zip(cache.k, cache.v))
 
 
 def encode(params: dict, ids: Int[Array, "B L"], mask: Bool[Array, "B L"], config: ModelConfig
@@ -713,16 +748,14 @@ def _decode(params: dict, cache: EncoderCache, canvas: Int[Array, "B C"], config
     positions = cache.length[:, None] + jnp.arange(C, dtype=jnp.int32)[None, :]
     seen = {"full": cache.valid,  # the sliding layers see the last W - 1 encoded positions
             "sliding": cache.valid & (cache.positions >= cache.length[:, None] - (a.sliding_window - 1))}
-    everything = jnp.ones(canvas.shape, bool)
+    everything = jnp.ones(canvas.shape, bool)[:, None, :]
+    params = decoding_params(params, config)
     h = _self_conditioned(params, canvas, soft, config)
     eps = config.rms_norm_eps
-    for kind, j in a.slots:
-        lp = _layer_params(params, kind, j)
+    for i, (lp, (kind, _)) in enumerate(zip(params["layers"], a.slots)):
         q, k, v = _qkv(lp, _rms(h, lp["input_norm"], eps), positions, kind, config)
-        keys = jnp.concatenate([cache.k[kind][j], k], axis=1)
-        values = jnp.concatenate([cache.v[kind][j], v], axis=1)
-        allowed = jnp.concatenate([seen[kind], everything], axis=1)[:, None, :]
-        attn = _attend(q, keys, values, allowed)
+        # [encoder K/V ; canvas K/V] under one softmax, neither copied into the other
+        attn = _attend(q, ((cache.k[i], cache.v[i], seen[kind][:, None, :]), (k, v, everything)))
         h = h + _rms(attn @ lp["o_proj"]["kernel"], lp["post_attn_norm"], eps)
         h = (h + _feed_forward(lp, h, config, mesh)) * lp["layer_scalar"]
     return h
@@ -842,13 +875,14 @@ class DiffusionGemmaDenoiser:
 
 
 def denoiser(params: Any, config: ModelConfig) -> DiffusionGemmaDenoiser:
-    return DiffusionGemmaDenoiser(params, config)
+    return DiffusionGemmaDenoiser(decoding_params(params, config), config)
 
 
 FAMILY = Family(
     name="diffusion_gemma", title="DiffusionGemma", model_types=("diffusion_gemma",),
     architectures=("DiffusionGemma",), read=read, write=write, tensor_map=tensor_map, mask_token=MASK_TOKEN,
-    init_params=init_params, denoiser=denoiser, complete_config=complete_config,
+    init_params=init_params, denoiser=denoiser, decoding_params=decoding_params, stacked_params=stacked_params,
+    complete_config=complete_config,
     ignored_tensors=("model.encoder.vision_tower.", "model.encoder.embed_vision."),
     likelihood=None, likelihood_refusal="likelihood of DiffusionGemma is not served: a uniform-noise canvas model "
     "has no masked-token estimator (and its authors publish none)",
