@@ -13,7 +13,7 @@ from oracles.field_caches.common import BlockRule, CacheResult, CommitRule, Log,
 
 
 @dataclass
-class _Kept:
+class Kept:
     """One layer's kept features, each split into the prompt part [P, .] and the response part [G, .]."""
 
     p_k: torch.Tensor | None = None
@@ -32,7 +32,7 @@ def least_similar(fresh: torch.Tensor, kept: torch.Tensor, count: int) -> torch.
     return torch.topk(F.cosine_similarity(fresh, kept, dim=-1), k=count, largest=False).indices
 
 
-def _layer(net, i: int, h: torch.Tensor, kept: _Kept, P: int, refresh_p: bool, refresh_r: bool, rho: float
+def cached_layer(net, i: int, h: torch.Tensor, kept: Kept, P: int, refresh_p: bool, refresh_r: bool, rho: float
            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One block under the hook: residual streams h [L, d] of every position -> (h after the block, the response
     indices picked by similarity or None)."""
@@ -114,7 +114,7 @@ def dllm_cache(net, prompt: torch.Tensor, *, gen_length: int, block_length: int,
     L = x.shape[0]
     # their `transfer = 0 < ratio <= 1`: a ratio whose int(G * ratio) is 0 still recomputes the values (and picks none)
     rho = transfer_ratio
-    kept = [_Kept() for _ in net.layers]
+    kept = [Kept() for _ in net.layers]
     log, n = Log(), 0
     for b in range(num_blocks):
         lo, hi = P + b * block_length, P + (b + 1) * block_length
@@ -124,8 +124,9 @@ def dllm_cache(net, prompt: torch.Tensor, *, gen_length: int, block_length: int,
             busy = has_mask(x, lo, hi, mask_id)
             refresh_p, refresh_r = (n - 1) % prompt_interval == 0, (n - 1) % gen_interval == 0
             h, picked = net.embed(x), []
-            for layer in range(len(net.layers)):
-                h, p = _layer(net, layer, h, kept[layer], P, refresh_p or layer == 0, refresh_r or layer == 0, rho)
+            for layer in range(len(net.layers)):  # layer 0 refreshes everything on every pass
+                h, p = cached_layer(net, layer, h, kept[layer], P, refresh_p or layer == 0, refresh_r or layer == 0,
+                                    rho)
                 picked.append(() if p is None else tuple(sorted(P + int(j) for j in p)))
             logits = net.head(h)
             kind = {(True, True): "full", (True, False): "prompt", (False, True): "response",
