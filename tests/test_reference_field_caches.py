@@ -144,10 +144,10 @@ def test_dllm_cache_schedule_counts_passes_over_the_whole_generation(model):
 
 def test_dllm_cache_layer_reuses_kept_outputs_and_recomputes_the_least_similar(model):
     """One layer under the hook, worked by hand with the network's pieces: after a full refresh on inputs h_a, a
-    pass on h_b (two response rows replaced) refreshes nothing, rho = 0.25 of G = 8 -> 2 picks: exactly the two
-    changed rows (their fresh values are the least similar). Unpicked rows (prompt included) add the KEPT attention
-    and FFN outputs to their new input; picked rows get a fresh query over the kept prompt keys, the kept response
-    keys with theirs replaced, and every response value fresh."""
+    pass on h_b (every row nudged, two response rows replaced) refreshes nothing, rho = 0.25 of G = 8 -> 2 picks:
+    exactly the two replaced rows (their fresh values are the least similar). Unpicked rows (prompt included) add
+    the KEPT attention and FFN outputs to their new input; picked rows get a fresh query over the kept prompt keys,
+    the kept response keys with theirs replaced, and every response value fresh (the nudge makes them all new)."""
     _, _, net = model
     P, Gs, layer = 4, 8, 1
     g = torch.Generator().manual_seed(3)
@@ -158,7 +158,7 @@ def test_dllm_cache_layer_reuses_kept_outputs_and_recomputes_the_least_similar(m
     a_ffn = torch.cat([kept.p_ffn, kept.r_ffn]).clone()
     a_k, a_v = torch.cat([kept.p_k, kept.r_k]).clone(), torch.cat([kept.p_v, kept.r_v]).clone()
     changed = [P + 1, P + 5]
-    h_b = h_a.clone()
+    h_b = h_a + 0.05 * torch.randn(P + Gs, 64, generator=g)
     h_b[changed] = torch.randn(2, 64, generator=g)
     out, picked = dl.cached_layer(net, layer, h_b, kept, P, False, False, 0.25)
     assert sorted(P + int(j) for j in picked) == changed

@@ -139,11 +139,21 @@ class BlockRule:
         return tuple(lo + int(j) for j in torch.nonzero(commit).flatten())
 
 
+def stuck(step: int, block_length: int) -> None:
+    """Raise when a block runs far more passes than it can need: a rule that commits at least one candidate a
+    decode fills a block in block_length decodes (two passes each at most), unless its commits keep writing the mask
+    id (the authors' loops then never end: a model whose argmax is the mask id; pass exclude_ids=(mask_id,))."""
+    if step > 4 * block_length + 8:
+        raise RuntimeError(f"no progress after {step} passes in a block of {block_length}: the commits keep writing "
+                           "the mask id (exclude_ids=(mask_id,) never predicts it)")
+
+
 def block_steps(x: torch.Tensor, lo: int, hi: int, mask_id: int, fixed: int | None) -> Iterator[int]:
     """The authors' loop header for one block: `fixed` passes (LLaDA's `for i in range(steps)`, which runs its
     passes whether or not they commit), or passes while the block [lo, hi) holds a mask (Fast-dLLM's)."""
     i = 0
     while (i < fixed) if fixed is not None else bool((x[lo:hi] == mask_id).any()):
+        stuck(i, hi - lo)
         yield i
         i += 1
 

@@ -9,7 +9,8 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from oracles.field_caches.common import BlockRule, CacheResult, CommitRule, Log, canvas, has_mask, predict
+from oracles.field_caches.common import (BlockRule, CacheResult, CommitRule, Log, canvas, has_mask, predict,
+                                         stuck)
 
 
 def certainty_density(decoded: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -146,6 +147,7 @@ def d2cache(net, prompt: torch.Tensor, *, gen_length: int, block_length: int, ma
         block = BlockRule(rule, int((x[lo:hi] == mask_id).sum()), num_blocks, exclude_ids, mask_id)
         step = 0
         while has_mask(x, lo, hi, mask_id):
+            stuck(step, block_length)
             q_idx = torch.arange(L) if queries is None else torch.nonzero(queries).flatten()
             out = net.run(x, q_idx, kv, with_probs=True)
             if kv is None:

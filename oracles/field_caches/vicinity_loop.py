@@ -9,7 +9,7 @@ from typing import Sequence
 
 import torch
 
-from oracles.field_caches.common import BlockRule, CacheResult, CommitRule, Log, canvas, has_mask
+from oracles.field_caches.common import BlockRule, CacheResult, CommitRule, Log, canvas, has_mask, stuck
 
 
 class CacheManager:
@@ -54,6 +54,7 @@ def vicinity(net, prompt: torch.Tensor, *, gen_length: int, block_length: int, m
         block = BlockRule(rule, int((x[lo:hi] == mask_id).sum()), num_blocks, exclude_ids, mask_id)
         step = 0  # decode calls in this block
         while has_mask(x, lo, hi, mask_id):
+            stuck(step, hi - lo)
             if iter_no < warmup:
                 logits = net.run(x).logits
                 log.add("warmup", b, step, everything, block.commit(x, lo, hi, logits[lo:hi], step), True,
