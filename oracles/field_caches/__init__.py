@@ -19,7 +19,9 @@ never predicts the mask id); default none, as the authors. Greedy only.
 
 NFE: `nfe` counts every forward pass as the authors do (partial passes and no-op passes included); `busy_nfe`
 leaves out the passes whose block held no mask at their input (only LLaDA's fixed-step loop with steps > masks,
-and vicinity's window pass after a refresh that filled the block, run such passes).
+and vicinity's window pass after a refresh that filled the block, run such passes): it is what oracles/fast_dllm.py
+calls `row_nfe` (passes in which the row had a candidate). A block that runs far more passes than it can need
+raises (`common.stuck`): with exclude_ids=() a model whose argmax is the mask id makes the authors' loops spin.
 
 Every loop below was run against the authors' own code on tiny random 3-layer LLaDA models (fp32, B=1, gen_length
 32, blocks 8 and 16, the reference's settings, 2 models x 3 prompts) and gave the same tokens and NFE in every case:
@@ -82,6 +84,10 @@ utils.py, parallel_strategy.py)
           prediction of the mask id (parallel_strategy.py:279, 283); the check decodes with get_transfer_index
           (Threshold). The decode count in the block is the rule's step (for LowConfidence: schedule[step], 0 after).
   NFE     every pass (warmup, refresh, window); busy_nfe leaves out the window passes on a full block.
+  note    writing the window's keys/values back would change nothing: every block starts with a refresh (block 0:
+          the first cache; later blocks: the block change), a block's windows all span the same positions, and
+          those are recomputed in every window pass (a variant that writes them back passes every test here and
+          gave the same tokens and NFE in 64 of 64 runs: 2 models, 4 prompts, blocks 8 and 16, the check's settings).
   looks 0 = Fast-dLLM's dual cache (same tokens; busy_nfe = Fast-dLLM's NFE).
 
 d2cache — d2Cache (Kamichanw/d2Cache @ 72feb60; src/cache/d2cache.py, src/utils/common.py,
