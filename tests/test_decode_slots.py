@@ -45,7 +45,6 @@ CASES = [  # (rule, cache, gen_length, block_length)
     ("threshold", "prefix", 48, 16),
     ("localleap", "dual", 48, 16),
     ("threshold", "vicinity:prefix_look=4,after_look=4,warmup=2,refresh_every=3", 48, 16),  # per-row phases
-    ("low_confidence", "dkv:reload_every=3", 32, 8),
     ("wino", "none", 32, 16),  # takes commits back; a probe copy of the block in the same pass
     ("saber", "none", 32, 8),  # sees the whole generated region; its state spans blocks
     ("remdm", "none", 16, 16),  # the whole canvas as one block, runs to its pass bound
