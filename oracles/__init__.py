@@ -14,4 +14,6 @@ code with `localleap_jax`, so a test that compares the two can fail.
   llada_moe      LLaDA-MoE-7B-A1B: the eager MoE network from HF tensors, bidirectional
   fast_dllm_v2   Fast-dLLM v2 as transformers' Qwen2 (block-causal, Dream's shift); batch_sample for one row
   joint_threshold  SGLang's JointThreshold (LLaDA2.1 token editing) and JointThresholdInDel (LLaDA2.2)
+  field_caches   the field's approximate caches on LLaDA, per row: dLLM-Cache, dKV-Cache-Decode, d2Cache, dInfer's
+                 vicinity refresh (with an eager per-layer LLaDA network)
 """
