@@ -7,8 +7,10 @@ A fixed batch lasts as long as its slowest row; `ll.generate(..., slots=S)` refi
 next prompt inside the compiled loop. Printed per strategy and cache policy: the forward passes (deterministic)
 of N/S fixed batches of S rows vs one call of N prompts through S slots, their ratio, the passes that ran the whole
 canvas for some row (a cache's refreshes, in lanes), the slot occupancy (share of row-passes that did work), wall
-time of each (compilation excluded: every program is run once first; the better of --repeats runs), generated
-(non-EOS) tokens per second of each and their ratio, and whether every prompt's tokens are the same both ways.
+time of each (compilation excluded: every program is run once first; the best of --repeats interleaved runs), and
+the process's CPU time over the same calls (XLA single-threaded by default, --threads: on a shared machine the
+steadier measure of work), generated (non-EOS) tokens per wall second and per CPU second of each and their ratios,
+and whether every prompt's tokens are the same both ways.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
+from bench_threads import N_THREADS  # noqa: F401 (before jax: it sets XLA's CPU threads, --threads, default 1)
 import numpy as np
 
 from localleap_jax import cli
@@ -34,6 +38,8 @@ def main(argv=None):
     ap.add_argument("--no-early-stop", action="store_true", help="rows run to their last block (then slots gain "
                                                                  "only where rules commit at different rates)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each way (the fastest is kept)")
+    ap.add_argument("--threads", type=int, default=1, help="XLA CPU threads (read by bench_threads; 1: a shared "
+                                                           "machine's steadiest timings)")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args(argv)
     if args.prompts % args.rows:
@@ -49,7 +55,8 @@ def main(argv=None):
     print(f"{N} prompts of the embedded model, {S} rows, gen {args.gen_length}, block {args.block_length}, "
           f"early stop {not args.no_early_stop}")
     print(f"{'strategy':<16}{'cache':<12}{'fixed passes':>13}{'slot passes':>12}{'ratio':>7}{'full':>10}"
-          f"{'occupied':>16}{'fixed s':>9}{'slots s':>9}{'fixed tok/s':>12}{'slots tok/s':>12}{'speedup':>9}  same")
+          f"{'occupied':>16}{'fixed s':>9}{'slots s':>9}{'fixed tok/s':>12}{'slots tok/s':>12}{'speedup':>9}"
+          f"{'fixed cpu':>10}{'slots cpu':>10}{'cpu ratio':>10}  same")
     rows = []
     for strategy in args.strategies.split(","):
         for cache in ll.rules.split_specs(args.cache):
@@ -63,11 +70,15 @@ def main(argv=None):
                 return ll.generate(model, ids, mask, cfg, slots=S)
 
             fixed(), slotted()  # compile both programs first
-            f_seconds, s_seconds = float("inf"), float("inf")
+            f_seconds = s_seconds = f_cpu = s_cpu = float("inf")
             for _ in range(max(args.repeats, 1)):  # interleaved, the fastest of each kept
+                c0 = time.process_time()
                 batches = fixed()
+                f_cpu = min(f_cpu, time.process_time() - c0)
                 f_seconds = min(f_seconds, sum(b.seconds for b in batches))
+                c0 = time.process_time()
                 through = slotted()
+                s_cpu = min(s_cpu, time.process_time() - c0)
                 s_seconds = min(s_seconds, through.seconds)
             f_passes = sum(b.forward_passes for b in batches)
             f_full = sum(b.full_passes for b in batches)
@@ -79,13 +90,14 @@ def main(argv=None):
                        slot_passes=through.forward_passes, fixed_full_passes=f_full, slot_full_passes=through.full_passes,
                        fixed_occupancy=f_occupied, slot_occupancy=through.occupancy, fixed_seconds=f_seconds,
                        slot_seconds=s_seconds, fixed_tokens_per_second=tokens / f_seconds,
-                       slot_tokens_per_second=tokens / s_seconds, same_tokens=same, mean_nfe=float(through.nfe.mean()))
+                       slot_tokens_per_second=tokens / s_seconds, fixed_cpu_seconds=f_cpu, slot_cpu_seconds=s_cpu,
+                       same_tokens=same, mean_nfe=float(through.nfe.mean()))
             rows.append(row)
             print(f"{strategy:<16}{cache:<12}{f_passes:>13}{through.forward_passes:>12}"
                   f"{f_passes / through.forward_passes:>6.2f}x{f_full:>5} {through.full_passes:>4}"
                   f"{f_occupied:>8.2f} -> {through.occupancy:.2f}"
                   f"{f_seconds:>9.2f}{s_seconds:>9.2f}{tokens / f_seconds:>12.0f}{tokens / s_seconds:>12.0f}"
-                  f"{f_seconds / s_seconds:>8.2f}x  {same}")
+                  f"{f_seconds / s_seconds:>8.2f}x{f_cpu:>10.2f}{s_cpu:>10.2f}{f_cpu / s_cpu:>9.2f}x  {same}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
