@@ -3,6 +3,7 @@
     python experiments/bench_decode.py                       # CPU: the embedded trained model, real confidences
     python experiments/bench_decode.py --shape small --prompt-length 128 --gen-length 64 --block-length 16
     python experiments/bench_decode.py --cache none,prefix,dual
+    python experiments/bench_decode.py --cache dual,dllm_cache,dkv,d2cache,vicinity --no-torch --fast-dllm ""
     python experiments/bench_decode.py --shape llada-8b --batch 1,8 --prompt-length 900 \\
         --gen-length 256 --block-length 32 --cache none,prefix,dual     # GPU, random bf16 weights
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python experiments/bench_decode.py --no-torch \\
@@ -15,8 +16,9 @@ give flat confidences, so `--shape llada-8b` pins the schedule (`--tokens-per-st
 as low_confidence with steps = gen_length / 4) on both sides.
 
 Printed per row: mean NFE per row, forward passes of the batch (and how many ran the whole
-canvas: with a cache, the rows advance through blocks together, which costs passes), ms per step, generated (non-EOS) tokens/s, and the ratio to PyTorch's
-tokens/s for the same strategy; with --cache none also the forward-only time per step, so the
+canvas for some row: a cache's refreshes, per row, in lanes), ms per step, generated (non-EOS) tokens/s, the ratio to
+PyTorch's tokens/s for the same strategy, and with the dual cache among --cache the ratio to its tokens/s (each policy
+timed against Fast-dLLM's dual cache, same rule, batch and prompts); with --cache none also the forward-only time per step, so the
 loop and selection overhead is visible; and the peak temporary memory of one decode step with
 the LM head on the whole canvas vs on the current block only.
 
@@ -199,7 +201,8 @@ def main(argv=None):
                          "that shape, with a pinned schedule")
     ap.add_argument("--strategies", default=None, help="default: low_confidence,threshold,localleap (embedded); "
                                                        "low_confidence with the pinned schedule (random shapes)")
-    ap.add_argument("--cache", default="none", help="comma-separated cache modes for the JAX side")
+    ap.add_argument("--cache", default="none", help="comma-separated cache policies for the JAX side (a policy's "
+                                                    "settings: dkv:reload_every=4,vicinity)")
     ap.add_argument("--batch", default="1,8")
     ap.add_argument("--gen-length", type=int, default=None, help="default 64 (embedded), 256 (random shapes)")
     ap.add_argument("--block-length", type=int, default=None, help="default 16 (embedded), 32 (random shapes)")
@@ -227,7 +230,8 @@ def main(argv=None):
     T = args.block_length or (16 if small else 32)
     per_step = args.tokens_per_step or (1 if small else 4)
     strategies = (args.strategies or ("low_confidence,threshold,localleap" if small else "low_confidence")).split(",")
-    caches = args.cache.split(",")
+    caches = ll.rules.split_specs(args.cache)
+    caches = sorted(caches, key=lambda c: c != "dual")  # the dual cache first: the others' tokens/s against it
     model = ll.load(ll.checkpoint.EMBEDDED, dtype=dtype) if small else random_model(args.shape, dtype)
     stop_ids = [model.config.eos_token_id] + ([model.tokenizer.eot_id] if model.tokenizer else [])
     twin = None if args.no_torch else torch_twin(model)
@@ -240,7 +244,7 @@ def main(argv=None):
     print(f"{jax.devices()[0].device_kind}: {args.shape} ({model.config.num_params / 1e6:.1f}M params, {dtype.name}), "
           f"gen {G}, block {T}" + (f", low_confidence pinned at {per_step} token(s)/step" if per_step > 1 else ""))
     header = (f"{'B':>3} {'strategy':<15}{'impl':<15}{'NFE':>7}{'passes':>8}{'full':>6}{'ms/step':>9}{'tok/s':>10}"
-              f"{'vs torch':>10}{'compile s':>10}{'fwd ms':>8}")
+              f"{'vs torch':>10}{'compile s':>10}{'fwd ms':>8}{'vs dual':>9}")
     print(header)
     rows = []
     for B in map(int, args.batch.split(",")):
@@ -279,6 +283,7 @@ def main(argv=None):
                 print(f"{B:>3} {strategy:<15}{'torch-eager':<15}{row['nfe']:>7.1f}{passes:>8}{passes:>6}"
                       f"{row['ms_per_step']:>9.2f}{torch_tps:>10.1f}{'1.00x':>10}")
             timed = set()  # cache modes compiled already (side by side with Fast-dLLM reuses them)
+            dual_tps = None
             for cache in caches:
                 c = dataclasses.replace(cfg, cache=cache)
                 first = ll.generate(model, ids_d, mask_d, c)
@@ -286,16 +291,19 @@ def main(argv=None):
                 timed.add(cache)
                 n_tok = generated_tokens(out.tokens, out.prompt_length, stop_ids)
                 tps = n_tok / out.seconds
+                dual_tps = tps if cache == "dual" else dual_tps
                 row = {"batch": B, "strategy": strategy, "impl": f"jax-{cache}", "nfe": float(out.nfe.mean()),
                        "ms_per_step": out.seconds / out.forward_passes * 1e3, "tokens_per_s": tps,
                        "vs_torch": tps / torch_tps if torch_tps else None, "compile_s": first.compile_seconds,
-                       "passes": out.forward_passes, "full_passes": out.full_passes, "forward_ms": forward_ms if cache == "none" else None}
+                       "passes": out.forward_passes, "full_passes": out.full_passes, "forward_ms": forward_ms if cache == "none" else None,
+                       "vs_dual": tps / dual_tps if dual_tps else None}
                 rows.append(row)
                 vs = f"{row['vs_torch']:.2f}x" if torch_tps else "-"
-                fw = f"{forward_ms:>8.2f}" if cache == "none" else ""
+                fw = f"{forward_ms:>8.2f}" if cache == "none" else f"{'':>8}"
+                vd = f"{row['vs_dual']:>8.2f}x" if dual_tps else ""
                 print(f"{B:>3} {strategy:<15}{'jax-' + cache:<15}{row['nfe']:>7.1f}{out.forward_passes:>8}"
                       f"{out.full_passes:>6}{row['ms_per_step']:>9.2f}{tps:>10.1f}{vs:>10}"
-                      f"{first.compile_seconds:>10.1f}{fw}")
+                      f"{first.compile_seconds:>10.1f}{fw}{vd}")
                 sharded = [(f"{label} {cache}", lambda m=mesh: ll.generate(model, ids, mask, c, mesh=m))
                            for label, mesh in meshes]
                 if meshes and jax.local_device_count() > 1:

@@ -21,6 +21,7 @@ _HOMES = {
     "CheckpointError": "checkpoint", "Model": "checkpoint",
     "ConfigError": "config", "ModelConfig": "config",
     "DecodeConfig": "decode", "DecodeError": "decode", "Generation": "decode",
+    "cache": "decode.cache", "register_cache": "decode.cache",
     "LocalLeapError": "errors",
     "LikelihoodConfig": "likelihood", "LikelihoodError": "likelihood", "encode_pair": "likelihood",
     "make_mesh": "partition",
@@ -56,6 +57,7 @@ if TYPE_CHECKING:  # what the names are, for readers and type checkers
     from localleap_jax.checkpoint import CheckpointError, Model
     from localleap_jax.config import ConfigError, ModelConfig
     from localleap_jax.decode import DecodeConfig, DecodeError, Generation
+    from localleap_jax.decode.cache import cache, register_cache
     from localleap_jax.errors import LocalLeapError
     from localleap_jax.likelihood import LikelihoodConfig, LikelihoodError, encode_pair
     from localleap_jax.partition import make_mesh

@@ -26,7 +26,7 @@ decoder over one canvas (decoded by a canvas rule, with the loop's encoder cache
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, ClassVar, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +58,7 @@ class SpecialIds:
 class Denoiser(Protocol):
     shift: int
     vocab: int
+    lanes: bool  # a pass may run some rows of the batch apart, gathered (False: rows are tied to their place)
 
     def full(self, x: Int[Array, "B L"], positions: Int[Array, "B L"], key_mask: Bool[Array, "B L"],
              soft: Float[Array, "B L D"] | None = None) -> tuple[Float[Array, "B L D"], Any]: ...
@@ -131,6 +132,7 @@ class ModelDenoiser:
 
     params: Params
     config: ModelConfig = struct.field(pytree_node=False)
+    lanes: ClassVar[bool] = True
 
     @classmethod
     def of(cls, params: Params, config: ModelConfig) -> "ModelDenoiser":
@@ -186,6 +188,7 @@ class FunctionDenoiser:
     logits_fn: Callable = struct.field(pytree_node=False)
     vocab: int = struct.field(pytree_node=False)
     shift: int = struct.field(pytree_node=False, default=0)
+    lanes: ClassVar[bool] = False  # logits_fn may script each row by its place in the batch
 
     def full(self, x, positions, key_mask, soft=None):
         return self.logits_fn(x).astype(jnp.float32), x

@@ -271,3 +271,27 @@ def command_line_state_put_back():
         sys.argv = argv
         logger.handlers[:], logger.propagate, lm_eval.utils._LOGGING_CONFIGURED = state[0], state[2], state[3]
         logger.setLevel(state[1])
+
+
+USER_CACHE = '''
+import localleap_jax as ll
+from flax import struct
+from localleap_jax.decode.cache import DualCache, setting
+
+
+@ll.register_cache("dual_every")
+@struct.dataclass
+class DualEvery(DualCache):
+    """Fast-dLLM's dual cache, refreshed every `every` passes of a block instead of once."""
+
+    every: int = setting(4, int, low=1)
+
+    def refreshing(self, view):
+        return view.step % self.every == 0
+'''
+
+
+def write_user_cache(path: Path) -> Path:
+    """A user's cache policy file (`--rules` loads it as it loads rules): 'dual_every:every=N'."""
+    path.write_text(USER_CACHE)
+    return path

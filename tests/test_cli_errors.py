@@ -421,7 +421,9 @@ ROWS = [
     ("seed-negative", "eval --seed -3", r"^argument --seed: expected an integer >= 0"),
     ("seed-too-large", "eval --seed 4294967296", r"^argument --seed: expected an integer below 2\*\*32"),
     ("dtype-int8", "eval --dtype int8", r"^argument --dtype: invalid choice: 'int8'"),
-    ("cache-unknown", "eval --cache none,fast", r"^argument --cache: unknown cache fast"),
+    ("cache-unknown", "eval --cache none,fast", r"^--cache fast: unknown cache 'fast'; choose from auto, none, "),
+    ("cache-setting", "eval --cache dkv:reload_every=0", r"^--cache dkv:reload_every=0: cache dkv: reload_every=0 must "
+                                                         r"lie in \[1, inf\)$"),
     ("strategy-twice", "eval --strategies threshold,threshold", r"^argument --strategies: threshold given twice"),
     ("strategies-empty", "eval --strategies ,", r"^argument --strategies: no names given"),
     ("flag-misspelled", "eval --kapa 0.9", r"unrecognized arguments: --kapa"),

@@ -152,13 +152,14 @@ def test_cache_refreshes_once_per_block_even_after_a_row_has_finished(cache):
 
 
 def test_with_a_cache_a_rows_trace_does_not_depend_on_its_batch():
-    """With a cache the rows advance through blocks together, so a row waits while slower ones finish the
-    block. Its trace is indexed by its own passes (its NFE), not the batch's: the same as run alone."""
+    """With a cache each row refreshes at its own block starts, so a row that needs fewer passes finishes first and
+    the batch runs on for the other. Its trace is indexed by its own passes (its NFE), not the batch's: the same as
+    run alone."""
     conf = np.stack([np.full(G, 0.95), np.full(G, 0.6)])  # row 0: a pass per block; row 1: one token per pass
     words = _words(2)
     cfg = ll.DecodeConfig(strategy="threshold", gen_length=G, block_length=T, cache="prefix")
     batch = ll.generate(scripted(words, conf), *prompts(2), cfg, trace=True)
-    assert batch.forward_passes > batch.nfe[0]  # the case: row 0 waited for row 1
+    assert batch.forward_passes > batch.nfe[0]  # the case: the batch ran passes in which row 0 did not work
     for r in range(2):
         alone = ll.generate(scripted(words[r:r + 1], conf[r:r + 1]), *prompts(1), cfg, trace=True).trace
         n = int(alone.passes[0])

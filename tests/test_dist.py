@@ -41,6 +41,14 @@ for strategy in ("localleap", "low_confidence"):  # (threshold is localleap with
                                      shape=list(out.tokens.shape)))
         res.setdefault("nfe_spread", []).append(sorted(set(one.nfe.tolist())))
 
+# The field's caches on a mesh: each row's own schedule in its data shard, the weights split under their own layer
+# loops (d2Cache's attention probabilities, dLLM-Cache's per-layer partial recompute).
+res["field"] = {}
+for cache in ("d2cache:current_k=4", "dllm_cache:prompt_interval=5,gen_interval=3"):
+    cfg = ll.DecodeConfig(strategy=ll.rule("threshold"), gen_length=16, block_length=8, cache=cache)
+    one, out = ll.generate(model, ids, mask, cfg), ll.generate(model, ids, mask, cfg, mesh=make_mesh(2, 4))
+    res["field"][cache] = dict(tokens=bool((out.tokens == one.tokens).all()), nfe=bool((out.nfe == one.nfe).all()))
+
 # Parameter bytes per device with model=4 (from the arrays' addressable shards).
 mesh = make_mesh(2, 4)
 placed = shard_params(model.params, mesh)
@@ -202,6 +210,12 @@ def test_every_mesh_decodes_exactly_as_one_device(eight_devices):
         assert case["tokens"] and case["nfe"] and case["shape"][0] == 7, case
     assert len(res["cases"]) == 2 * 4 + 2 * 2
     assert all(len(s) > 1 for s in res["nfe_spread"][:2])  # localleap: rows finish at different passes (the per-shard loop matters)
+
+
+@pytest.mark.slow
+def test_the_fields_caches_on_a_mesh_decode_as_one_device(eight_devices):
+    field = eight_devices["field"]
+    assert len(field) == 2 and all(c == dict(tokens=True, nfe=True) for c in field.values()), field
 
 
 @pytest.mark.slow

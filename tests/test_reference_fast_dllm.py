@@ -64,9 +64,10 @@ assert {s for s, _ in CASES} == set(STRATEGIES)
 
 @pytest.mark.parametrize("strategy, cache", CASES)
 def test_the_fast_dllm_loop_of_each_cache_mode_decodes_as_generate(embedded, strategy, cache):
-    """Alone (threshold, localleap) and in a batch of 4: tokens and per-row NFE equal; with a cache also the batch's passes (rows
-    advance through blocks together in both) and one full pass per block. Without a cache `ll.generate` lets
-    rows advance on their own, so its batch runs no more passes than Fast-dLLM's loop."""
+    """Alone (threshold, localleap) and in a batch of 4: tokens and per-row NFE equal. Alone, also the passes and one
+    full pass per block with a cache. In a batch Fast-dLLM's rows advance through blocks together (a block ends when
+    no row has a mask left in it); `ll.generate`'s advance on their own (each row refreshes when its block starts),
+    so its batch runs no more passes than Fast-dLLM's loop and as many as its slowest row."""
     model, twin, prompts = embedded
     fields, rule, batches = STRATEGIES[strategy]
     cfg = ll.DecodeConfig(gen_length=G, block_length=T, cache=cache, **fields)
@@ -76,10 +77,11 @@ def test_the_fast_dllm_loop_of_each_cache_mode_decodes_as_generate(embedded, str
         want = _fast(twin, model, ids, cache, **rule)
         np.testing.assert_array_equal(out.tokens, want.x.numpy(), err_msg=f"rows {rows}")
         assert out.nfe.tolist() == want.row_nfe, rows
+        assert want.nfe >= out.forward_passes == max(out.nfe)
         if cache == "none":
-            assert want.full_passes == want.nfe >= out.forward_passes == out.full_passes
+            assert want.full_passes == want.nfe and out.forward_passes == out.full_passes
         else:
-            assert (want.nfe, want.full_passes) == (out.forward_passes, out.full_passes) and want.full_passes == G // T
+            assert want.full_passes == G // T <= out.full_passes <= len(rows) * G // T
         if len(rows) == 1:
             assert want.nfe == out.forward_passes == out.nfe[0]
 

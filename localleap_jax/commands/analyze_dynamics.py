@@ -52,8 +52,9 @@ def parse_args(argv=None):
     ap.add_argument("--gen-length", type=int, help="generation canvas (default 256; the embedded model's own: 64)")
     ap.add_argument("--block-length", type=int, help="block size (default 32; embedded model: 16)")
     ap.add_argument("--batch-size", type=int, help="rows per generate call (default 16)")
-    ap.add_argument("--cache", help="KV cache: auto (default: block for a block-diffusion model, else none), none, "
-                                    "prefix, dual or block")
+    ap.add_argument("--cache", help="cache policy: auto (default: block for a block-diffusion model, else none), none, "
+                                    "prefix, dual, block, or the field's (dllm_cache, dkv, d2cache, vicinity; "
+                                    "name:setting=value,...)")
     ap.add_argument("--early-stop", action="store_true", default=None,
                     help="stop a row after a finished block that holds EOS")
     ap.add_argument("--dtype", help="parameter dtype: auto (default: fp32 on CPU, bf16 on GPU/TPU), bfloat16, float32")

@@ -32,7 +32,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from localleap_jax import cli, processes
 from localleap_jax.checkpoint import EMBEDDED_MODELS
 from localleap_jax.cli import count, positive, probability, seed
-from localleap_jax.decode import CACHE_MODES, DecodeError
+from localleap_jax.decode import DecodeError
+from localleap_jax.decode.cache import resolve as resolve_cache
 from localleap_jax.dist.multihost import leading, mesh_for_run
 from localleap_jax.gsm8k import (RULES_HELP, EvalSettings, Progress, UserError, check_gen_length, check_output,
                                  collect, config_record, default_output, default_strategies, exit_status,
@@ -49,10 +50,6 @@ LLADA_HINT = ("To evaluate LLaDA-8B-Instruct (GPU/TPU, internet for the first ru
 
 
 # ---------------------------------------------------------------- command line
-
-
-def names(text: str) -> list[str]:
-    return [s.strip() for s in text.split(",") if s.strip()]
 
 
 def parse_args(argv=None):
@@ -104,10 +101,12 @@ def parse_args(argv=None):
                          "--tau, --radius: refused when no strategy of the run takes it (e.g. --kappa with the canvas "
                          "rules)")
     ap.add_argument("--cache", default="auto",
-                    help="KV cache: auto, none, prefix, dual, block or encoder (default auto: the exact block cache "
-                         "for a block-diffusion model, the encoder's K/V for a uniform-noise canvas model (its only "
-                         "cache), none otherwise); a comma-separated list runs each, names the rows "
-                         "strategy+cache and reports the fraction of outputs identical to the first mode's")
+                    help="cache policy: auto, none, prefix, dual, block, encoder, or the field's dllm_cache, dkv, "
+                         "d2cache, vicinity, each with settings as name:setting=value,... (dkv:reload_every=4; a "
+                         "user's policy from --rules) (default auto: the exact block cache for a block-diffusion "
+                         "model, the encoder's K/V for a uniform-noise canvas model (its only cache), none otherwise); "
+                         "a comma-separated list (dual,dllm_cache:gen_interval=4,dkv) runs each, names the rows "
+                         "strategy+cache and reports the fraction of outputs identical to the first one's")
     ap.add_argument("--early-stop", action="store_true",
                     help="stop a row after a finished block that holds EOS (a masked model's; a canvas model's rows "
                          "always end on EOS)")
@@ -130,7 +129,7 @@ def parse_args(argv=None):
     dist.add_argument("--process-id", type=count, help="this process's number, 0 to N-1 (or JAX_PROCESS_ID)")
     args = ap.parse_args(argv)
     args.strategies = None if args.strategies is None else split_specs(args.strategies)
-    args.caches = names(args.cache)
+    args.caches = split_specs(args.cache)
     for flag, given in (("--strategies", ["-"] if args.strategies is None else args.strategies),
                         ("--cache", args.caches)):
         if not given:
@@ -138,9 +137,6 @@ def parse_args(argv=None):
         twice = sorted({n for n in given if given.count(n) > 1})
         if twice:
             ap.error(f"argument {flag}: {', '.join(twice)} given twice")
-    bad_cache = [c for c in args.caches if c not in ("auto", *CACHE_MODES)]
-    if bad_cache:
-        ap.error(f"argument --cache: unknown cache {', '.join(bad_cache)}; choose from auto, {', '.join(CACHE_MODES)}")
     if args.fewshot_data and not args.data:
         ap.error("argument --fewshot-data: needs --data (the default data brings its own few-shot examples)")
     if args.mesh is not None:
@@ -195,6 +191,7 @@ def run(args, mesh, progress: Progress) -> int:
     if args.output:
         check_output(Path(args.output).expanduser().resolve())
     load_user_rules(args.rules)  # process 0 only: a follower loads what each generation's message names
+    check_caches(args.caches)  # after --rules: a user's file may register policies
     path, manifest = find_checkpoint(args.model or args.checkpoint or cli.DEFAULT_CHECKPOINT)
     config = read_model_config(path)
     args.strategies = args.strategies or split_specs(default_strategies(config, manifest))
@@ -230,6 +227,16 @@ def run(args, mesh, progress: Progress) -> int:
     if path.resolve() in {p.resolve() for p in EMBEDDED_MODELS.values()}:
         print(LLADA_HINT)
     return 0
+
+
+def check_caches(caches: list[str]) -> None:
+    """Every --cache entry names a policy with settings it has (one line otherwise)."""
+    for spec in caches:
+        try:
+            resolve_cache(spec)
+        except DecodeError as e:
+            hint = "; a policy of your own: --rules path/to/mypolicy.py" if "unknown cache" in str(e) else ""
+            raise UserError(f"--cache {spec}: {e}{hint}") from None
 
 
 def check_strategies(strategies: list[str], settings: EvalSettings, where: str = "") -> None:

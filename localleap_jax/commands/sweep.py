@@ -54,7 +54,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from localleap_jax import cli
 from localleap_jax.cli import count, positive, seed
 from localleap_jax.compile_cache import compiled_programs
-from localleap_jax.decode import CACHE_MODES, DecodeError
+from localleap_jax.decode import DecodeError
 from localleap_jax.gsm8k import (RULES_HELP, EvalSettings, Progress, UserError, check_gen_length, check_output,
                                  collect, config_record, exit_status, find_checkpoint, holding, load_model,
                                  load_user_rules, plan_data, read_model_config, rule_record, run_strategy, summarize,
@@ -138,8 +138,9 @@ def parse_args(argv=None):
     ap.add_argument("--block-length", type=positive, help="block size (default 32; embedded model: 16)")
     ap.add_argument("--num-fewshot", type=count, help="few-shot examples (default 5; embedded model: 0)")
     ap.add_argument("--truncate-fewshot", action="store_true", help="as eval_gsm8k.py")
-    ap.add_argument("--cache", default="auto", choices=("auto", *CACHE_MODES),
-                    help="KV cache (default %(default)s: the exact block cache for a block-diffusion model, else none)")
+    ap.add_argument("--cache", default="auto",
+                    help="cache policy, a name or name:setting=value,... as eval_gsm8k.py's (default %(default)s: the "
+                         "exact block cache for a block-diffusion model, else none)")
     ap.add_argument("--early-stop", action="store_true", help="stop a row after a finished block that holds EOS")
     ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"))
     ap.add_argument("--seed", type=seed, default=0)

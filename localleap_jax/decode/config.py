@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from localleap_jax import rules
-from localleap_jax.decode.cache import (BIDIRECTIONAL_CACHES, BLOCK_CAUSAL_CACHES, CACHE_MODES, CACHE_POLICIES,
-                                       CANVAS_CACHES, ProbedNoCache, SubBlockCache)
+from localleap_jax.decode.cache import (BIDIRECTIONAL_CACHES, CACHE_POLICIES, CANVAS_CACHES, ProbedNoCache,
+                                       SubBlockCache, policy_from_json, policy_to_json)
+from localleap_jax.decode.cache import resolve as resolve_cache
 from localleap_jax.decode.canvas import grid_tail
 from localleap_jax.decode.loop import LoopSettings
 from localleap_jax.decode.recorder import NoRecorder, TraceRecorder
@@ -40,9 +41,11 @@ class DecodeConfig:
     logits_eos_inf: bool = False  # LLaDA switch: never predict EOS
     confidence_eos_eot_inf: bool = False  # LLaDA switch: EOS/EOT predictions get confidence 0 (commit last)
     # "auto": the exact "block" cache for a block-diffusion model (SDAR), "encoder" for a uniform-noise canvas model
-    # (DiffusionGemma), "none" for a bidirectional one; "prefix" | "dual": Fast-dLLM's approximate KV caches
-    # (bidirectional models). See decode/cache.py.
-    cache: str = "auto"
+    # (DiffusionGemma), "none" for a bidirectional one; "prefix" | "dual": Fast-dLLM's approximate KV caches, and
+    # the field's ("dllm_cache", "dkv", "d2cache", "vicinity"), for bidirectional models. A name, a spec string
+    # ("dkv:reload_every=8") or a policy object (ll.cache(...)): resolved at construction, so that `cfg.cache` is
+    # "auto" or the policy object from then on. See decode/cache/.
+    cache: Any = "auto"
     prompt_bucket: int = 64  # prompts are left-padded to a multiple of this, to bound recompiles
     # The loop's bound on forward passes. None: the rule's own (`rule.pass_bound`): gen_length for a rule that only
     # commits (it commits a token per pass) and for WINO (a pass nets a token), 4 x gen_length for Saber, ReMDM's
@@ -72,6 +75,7 @@ class DecodeConfig:
         rule, traits = rules.resolve(self.strategy)
         object.__setattr__(self, "strategy", rule)
         object.__setattr__(self, "_traits", traits)
+        object.__setattr__(self, "cache", resolve_cache(self.cache))  # a bad name or setting: one DecodeError line
 
     @property
     def num_blocks(self) -> int:
@@ -96,10 +100,27 @@ class DecodeConfig:
     def cache_mode(self, model=None) -> str:
         """The cache policy's name for a model (a ModelConfig, or None: not known yet)."""
         if self.cache != "auto":
-            return self.cache
+            return self.cache.name
         if self.traits.canvas or model is not None and model.canvas_length:
             return "encoder"
         return "block" if model is not None and model.block_causal else "none"
+
+    def cache_policy(self, model=None):
+        """The cache policy object for a model ("auto" resolved)."""
+        return self.cache if self.cache != "auto" else CACHE_POLICIES[self.cache_mode(model)]
+
+    @property
+    def cache_spec(self) -> str:
+        """The cache as a spec string ("auto", "dual", "dkv:reload_every=8", ...)."""
+        return self.cache if self.cache == "auto" else self.cache.spec()
+
+    def loop_policy(self, model=None):
+        """The policy the loop runs: the probed pass when the rule probes, the sub-block cache with the family's
+        sub-blocks, else the cache's."""
+        S = self.sub_blocks(model)
+        S = S if 0 < S < self.block_length else 0
+        policy = self.cache_policy(model)
+        return ProbedNoCache() if self.traits.probes else SubBlockCache(S) if policy.name == "subblock" else policy
 
     def validate(self, model=None, *, canvas: bool = True) -> "DecodeConfig":
         """Refuse, in one line, anything that cannot run. `model` (a ModelConfig) adds the checks that depend
@@ -120,8 +141,6 @@ class DecodeConfig:
         for name in ("early_stop", "logits_eos_inf", "confidence_eos_eot_inf"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 bad(f"{name}={getattr(self, name)!r} must be True or False")
-        if self.cache != "auto" and self.cache not in CACHE_POLICIES:
-            bad(f"unknown cache {self.cache!r}; choose from auto, {', '.join(CACHE_MODES)}")
         if self.gen_length <= 0 or self.block_length <= 0:
             bad(f"gen_length ({self.gen_length}) and block_length ({self.block_length}) must be positive")
         self._check_canvas(model, canvas)
@@ -130,12 +149,12 @@ class DecodeConfig:
                 bad(f"this block-diffusion model attends in blocks of {model.block_size} (config.json block_size): "
                     f"block_length must be {model.block_size}, got {self.block_length} (a block of the loop is a "
                     "block of the model's attention)")
-            if self.cache_mode(model) not in BLOCK_CAUSAL_CACHES:
-                bad(f"cache={self.cache!r} approximates a bidirectional model's K/V; a block-diffusion model's are "
-                    "exact: use cache='block' (what 'auto' picks) or 'none'")
+            if "block_causal" not in self.cache_policy(model).fits:
+                bad(f"cache={self.cache_spec!r} approximates a bidirectional model's K/V; a block-diffusion model's "
+                    "are exact: use cache='block' (what 'auto' picks) or 'none'")
         elif not self.traits.canvas:  # a canvas rule's canvas is checked by _check_canvas
-            if model is not None and self.cache_mode(model) not in BIDIRECTIONAL_CACHES:
-                bad(f"cache={self.cache!r} needs a block-diffusion model (block-causal attention); this one is "
+            if model is not None and "bidirectional" not in self.cache_policy(model).fits:
+                bad(f"cache={self.cache_spec!r} needs a block-diffusion model (block-causal attention); this one is "
                     f"bidirectional: use {', '.join(BIDIRECTIONAL_CACHES)}")
             if canvas and self.gen_length % self.block_length:
                 bad(f"gen_length={self.gen_length} is not a multiple of block_length={self.block_length}")
@@ -161,16 +180,16 @@ class DecodeConfig:
             if canvas_model:
                 raise DecodeError(f"this model decodes uniform-noise canvases (no mask token): use a canvas rule "
                                   f"(entropy_bound, localleap_uniform), not {name}")
-            if self.cache == "encoder":
+            if self.cache_mode() == "encoder":
                 raise DecodeError("cache='encoder' is a uniform-noise canvas model's (DiffusionGemma) with a canvas "
                                   f"rule; {name} decodes masks: use {', '.join(BIDIRECTIONAL_CACHES + ('block',))}")
             return
         if model is not None and not canvas_model:
             raise DecodeError(f"{name} is a canvas rule, for a uniform-noise canvas model (DiffusionGemma); this model "
                               "decodes masks: use a masked rule (threshold, localleap, ...)")
-        if self.cache not in ("auto",) + CANVAS_CACHES:
-            raise DecodeError(f"cache={self.cache!r}: a canvas rule keeps its model's encoder K/V (cache 'encoder', "
-                              "what 'auto' picks)")
+        if self.cache != "auto" and "canvas" not in self.cache.fits:
+            raise DecodeError(f"cache={self.cache_spec!r}: a canvas rule keeps its model's encoder K/V (cache "
+                              f"{', '.join(repr(c) for c in CANVAS_CACHES)}, what 'auto' picks)")
         if self.temperature:
             raise DecodeError(f"temperature={self.temperature}: {name} samples at its own schedule (t_min, t_max); "
                               "leave DecodeConfig.temperature at 0")
@@ -216,16 +235,17 @@ class DecodeConfig:
     def _check_traits(self, model, grid: bool, canvas: bool) -> None:
         """What the rule's region, probes and pass bound need of the rest of the config (refused in one line)."""
         name, region, probes = self.rule.name, self.traits.region, self.traits.probes
-        mode = self.cache_mode(model)
-        if self.traits.ends_blocks and CACHE_POLICIES[mode].rows_together:
-            raise DecodeError(f"{name} ends each row's block itself (passes after its last mask), so rows advance on "
-                              f"their own: use cache 'none' (a bidirectional model) or 'block' / 'none' (a "
-                              f"block-diffusion model), not '{mode}' (its rows advance through blocks together)")
+        mode, policy = self.cache_mode(model), self.cache_policy(model)
+        covering = ", ".join(repr(n) for n, p in CACHE_POLICIES.items() if p.region and "bidirectional" in p.fits)
+        if (self.traits.revokes or self.traits.edits) and not getattr(policy, "whole_block", True):
+            raise DecodeError(f"{name} {'takes commits back' if self.traits.revokes else 'edits tokens'}, reading "
+                              f"the block's decoded positions; the '{mode}' cache computes only some positions of "
+                              "the block: use 'none', 'prefix', 'dual', 'dllm_cache' or 'vicinity'")
         if region != "block" or probes:
             if grid:
                 raise DecodeError(f"{name} works on a bidirectional model's canvas; this model is block-causal")
-            if region == "generated" and mode not in ("none", "prefix"):
-                raise DecodeError(f"{name} sees the whole generated region: use cache 'none' or 'prefix' (the "
+            if region == "generated" and not policy.region:
+                raise DecodeError(f"{name} sees the whole generated region: use cache {covering} (the "
                                   f"'{mode}' cache computes only the block)")
             if probes and mode != "none":
                 raise DecodeError(f"{name} scores the block with each position hidden in the same pass (a probe "
@@ -256,13 +276,11 @@ class DecodeConfig:
     def loop_settings(self, trace: bool = False, model=None) -> LoopSettings:
         """The compile-time part, assembled: the canvas, how logits are scored, the rule's traits and the loop's
         pieces (for `model`, a ModelConfig: its attention decides the block grid and what cache "auto" means).
-        The cache policy is chosen here and only here: the probed pass when the rule probes, else the cache mode's
-        (a canvas rule's: the encoder cache; its rows end on the model's EOS ids)."""
+        The cache policy is chosen in `loop_policy`: the probed pass when the rule probes, else the cache's (a
+        canvas rule's: the encoder cache; its rows end on the model's EOS ids)."""
         S = self.sub_blocks(model)
         S = S if 0 < S < self.block_length else 0
-        mode = self.cache_mode(model)
-        cache = (ProbedNoCache() if self.traits.probes else SubBlockCache(S) if mode == "subblock"
-                 else CACHE_POLICIES[mode])
+        cache = self.loop_policy(model).static()  # its traced settings are inputs of the program (run.py)
         grid = bool(model is not None and model.block_causal)
         if self.traits.canvas and model is None:
             raise DecodeError(f"{self.rule.name} is a canvas rule: its loop needs the model (its EOS ids)")
@@ -285,18 +303,20 @@ class DecodeConfig:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.name not in ("strategy", "prompt_bucket")
                and not (f.name == "sub_block_length" and self.sub_block_length is None)}  # resume keys as before
-        return {**out, "rule": self.rule.spec()}
+        return {**out, "cache": self.cache_spec, "rule": self.rule.spec()}
 
     def to_json(self) -> dict:
         """Every field, the rule with its exact settings (`rules.rule_to_json`): what another process rebuilds the
         same config from."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "strategy"}
-        return {**{k: value_to_json(v) for k, v in fields.items()}, "rule": rules.rule_to_json(self.rule)}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("strategy", "cache")}
+        return {**{k: value_to_json(v) for k, v in fields.items()}, "cache": policy_to_json(self.cache),
+                "rule": rules.rule_to_json(self.rule)}
 
     @classmethod
     def from_json(cls, data: dict) -> "DecodeConfig":
-        fields = {k: v for k, v in data.items() if k != "rule"}
-        return cls(strategy=rules.rule_from_json(data["rule"]), **fields)
+        fields = {k: v for k, v in data.items() if k not in ("rule", "cache")}
+        return cls(strategy=rules.rule_from_json(data["rule"]), cache=policy_from_json(data.get("cache", "auto")),
+                   **fields)
 
 
 def model_canvas(model, gen_length: int) -> dict[str, int]:

@@ -1,17 +1,18 @@
 """The whole generation for one batch as one `lax.while_loop`: each iteration is one forward pass of the batch.
 
-    out = decode_loop(denoiser, ids, mask, rng, rule, loop=settings, special=special_ids)
+    out = decode_loop(denoiser, ids, mask, rng, PerRow(rule, cache), loop=settings, special=special_ids)
 
 The body is the step (`step.denoise_step`: the region's hidden states -> prediction/confidence -> rule ->
 commits and remasks; a canvas rule's `step.canvas_step`: accepted positions, the rest re-noised from the pass's
-draws, `draws.canvas_draws`) between the pieces `settings` holds: the cache policy (what the pass computes and keeps), the
-recorder (what is written down), the stop policy (early stop). The loop itself only does the bookkeeping
+draws, `draws.canvas_draws`) between the pieces `settings` holds: the cache policy (what the pass computes and keeps,
+and after the step, from what the pass did, what the next one needs: `forward` then `update`), the recorder (what is
+written down), the stop policy (early stop). The loop itself only does the bookkeeping
 that every generation shares: per row, a full block moves the row to its next block (or ends it: last block,
 or the stop policy) and resets its rule state; NFE counts the passes in which a row was still working.
 
 Everything is static-shaped and per-row state lives in arrays, so the loop has no host round trip. The
-rule's settings are arrays of one value per row (`rule.with_rows`): inputs of the program, not constants,
-so a sweep over them runs one compiled program.
+rule's and the cache policy's settings are arrays of one value per row (`with_rows`): inputs of the program, not
+constants, so a sweep over them runs one compiled program.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from localleap_jax.decode.cache import CachePolicy
+from localleap_jax.decode.cache import CachePolicy, PassOutcome, PassView
 from localleap_jax.decode.canvas import Block, Canvas, Region, rows_take, rows_where
 from localleap_jax.decode.draws import PromptDraws, canvas_draws
 from localleap_jax.decode.recorder import Recorder
-from localleap_jax.decode.step import Scoring, StepResult, canvas_step, denoise_step
+from localleap_jax.decode.step import Scoring, StepResult, canvas_step, denoise_step, predict
 from localleap_jax.decode.stop import StopPolicy
 from localleap_jax.denoiser import Denoiser, SpecialIds
 from localleap_jax.rules import RuleTraits, run_init
@@ -38,7 +39,7 @@ class LoopSettings(NamedTuple):
     gen_length: int
     block_length: int
     scoring: Scoring
-    cache: CachePolicy
+    cache: CachePolicy  # the cache policy's static part (`policy.static()`); its traced settings are Pass.cache's
     stop: StopPolicy
     recorder: Recorder
     block_grid: bool = False  # blocks on each row's grid from its first real token (block diffusion; canvas.py)
@@ -77,6 +78,14 @@ class LoopOutput(NamedTuple):
     edits: Any = ()
 
 
+class PerRow(NamedTuple):
+    """The settings with one value per row (inputs of the program: `with_rows`): the rule's and the cache
+    policy's."""
+
+    rule: Any
+    cache: Any
+
+
 class Pass(NamedTuple):
     """The per-batch pieces one pass reads besides the state: what the prompts are and how they are decoded."""
 
@@ -85,15 +94,14 @@ class Pass(NamedTuple):
     rule_state0: Any  # a fresh rule state for every row (a row entering a block restarts from it)
     draws: Any = None  # a canvas rule's PromptDraws (decode/draws.py): one entry per prompt
     prompt: Any = None  # [B] each row's entry in `draws`; None: its row in the batch
+    cache: Any = None  # the cache policy with one value per row in every traced setting
 
 
 def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | None, *, loop: LoopSettings,
-             special: SpecialIds) -> tuple[LoopState, Bool[Array, "B"]]:
-    """One forward pass of the batch and the bookkeeping after it: (the next state, rows whose block count
-    the batch moved on: [B] for rows that
-    advance on their own, one value for a cache whose rows advance together; a finished row's slot may take
-    its next prompt then)."""
-    canvas, rule = at.canvas, at.rule
+             special: SpecialIds) -> LoopState:
+    """One forward pass of the batch and the bookkeeping after it: the next state. Every row advances through
+    its blocks on its own (the cache policy decides per row what the pass computes for it)."""
+    canvas, rule, policy = at.canvas, at.rule, at.cache
     B = state.x.shape[0]
     G, T = loop.gen_length, loop.block_length
     region_kind = loop.traits.region  # static: what the rule sees and changes
@@ -109,9 +117,10 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     region = canvas.region(state.x, block, region_kind)
     free = free_pass(state, block, canvas, special) if loop.free_tokens else None
     starting = state.step_in_block == 0 if free is None else free
-    refresh = loop.cache.refreshes(state.done, starting, state.block)
-    hidden = loop.cache.forward(denoiser, canvas, state.x, block, state.cache, refresh,
-                                loop.recorder.wants_region or region_kind == "generated", state.done)
+    view = PassView(state.done, starting, state.block, state.step_in_block,
+                    loop.recorder.wants_region or region_kind == "generated",
+                    lambda h: predict(denoiser.head(h), loop.scoring._replace(temperature=0.0), special, None)[:2])
+    hidden = policy.forward(denoiser, canvas, state.x, block, state.cache, view)
     h_region = hidden.block if region.valid is None else hidden.region
     R = loop.sub_block_length or T  # the rule's block: the block, or its current sub-block
     if loop.sub_block_length:
@@ -119,8 +128,6 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     if draws is not None:
         step = canvas_step(denoiser.head, h_region, region.tokens, state.done, state.step_in_block, rule,
                            state.rule_state, draws=draws)
-        # what the next pass needs of this one (the self-conditioning input)
-        hidden = hidden._replace(cache=loop.cache.carry(denoiser, hidden.cache, step.scaled, step.finished))
     else:
         key = None if rng is None else jax.random.fold_in(rng, state.passes)
         step = denoise_step(denoiser.head, h_region, region.tokens, state.done, state.step_in_block, rule,
@@ -152,11 +159,10 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
         decoded &= ~((jnp.arange(T) == 0)[None, :] & (block.starts >= canvas.prompt_length)[:, None])
     stop_here, x = loop.stop.update(x, block_now, block_full, last_block, special, decoded)
     done = state.done | (~state.done & block_full & (last_block | stop_here))
-    advance, moved = loop.cache.advances(done, block_full)
-    # A row entering a new block starts afresh. (A row with no candidates is done, or waits with a full
-    # block for the batch to advance, which resets it: what its update did meanwhile is never read.)
-    # A rule whose state spans blocks (Saber's threshold history) keeps it through passes in which its row does not
-    # work (waiting for the batch to move, with a cache), as the row alone would never have run them.
+    advance = block_full & ~done
+    # A row entering a new block starts afresh. (A row with no candidates is done: what its update did is never
+    # read.) A rule whose state spans blocks (Saber's threshold history) keeps it through passes in which its row
+    # does not work, as the row alone would never have run them.
     # With sub-blocks the rule's block is the sub-block: a filled one restarts it too.
     restart = advance | ~jnp.any(step.tokens == special.mask, axis=1) if loop.sub_block_length else advance
     rule_state = (rows_where(restart, at.rule_state0, step.rule_state) if loop.traits.resets_state
@@ -165,21 +171,25 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     counted = step.working if free is None else step.working & ~(free & (state.block == 0))  # the prompt's: no NFE
     record = loop.recorder.update(state.record, denoiser.head, hidden.region, region, step, state.nfe,
                                   canvas.prompt_length, loop.scoring, special)
+    # what the cache policy keeps for the next pass, from what this one did
+    cache = policy.update(denoiser, hidden.cache, PassOutcome(canvas, state.x, x, block, step, region.idx, done,
+                                                              advance))
     return LoopState(
         x=x,
         block=jnp.where(advance, state.block + 1, state.block),
-        step_in_block=jnp.where((moved | done | restart) if loop.sub_block_length else (moved | done), 0,
+        step_in_block=jnp.where((block_full | done | restart) if loop.sub_block_length else (block_full | done), 0,
                                 state.step_in_block + stepped.astype(jnp.int32)),
         done=done,
         nfe=state.nfe + counted.astype(jnp.int32),
         passes=state.passes + 1,
-        full_passes=state.full_passes + refresh.astype(jnp.int32),
-        cache=hidden.cache,
+        full_passes=state.full_passes + (jnp.int32(0) if hidden.full is None
+                                         else jnp.any(hidden.full).astype(jnp.int32)),
+        cache=cache,
         rule_state=rule_state,
         record=record,
         remasks=() if step.remask is None else state.remasks + jnp.sum(step.remask > 0, axis=1, dtype=jnp.int32),
         edits=() if step.edit is None else state.edits + jnp.sum(step.edit > 0, axis=1, dtype=jnp.int32),
-    ), moved
+    )
 
 
 def free_pass(state: LoopState, block: Block, canvas: Canvas, special: SpecialIds) -> Bool[Array, "B"]:
@@ -214,21 +224,22 @@ def commit_free_tokens(step: StepResult, free: Bool[Array, "B"], tokens: Int[Arr
                          finished=finished)
 
 
-def initial_state(denoiser: Denoiser, canvas: Canvas, rule, *, loop: LoopSettings, draws: PromptDraws | None = None
-                  ) -> tuple[LoopState, Pass]:
-    """The state before the first pass, and the pass's fixed pieces, for the rows of `canvas` (`draws`: a canvas
-    rule's, per prompt)."""
+def initial_state(denoiser: Denoiser, canvas: Canvas, rows: PerRow, *, loop: LoopSettings,
+                  draws: PromptDraws | None = None) -> tuple[LoopState, Pass]:
+    """The state before the first pass, and the pass's fixed pieces, for the rows of `canvas` (`rows`: their
+    settings; `draws`: a canvas rule's, per prompt)."""
     B = canvas.batch
+    rule = rows.rule
     region = loop.gen_length if loop.traits.region == "generated" else loop.sub_block_length or loop.block_length
     rule_state0 = run_init(rule, B, region, denoiser.vocab)
     zeros = jnp.zeros((B,), jnp.int32)
     state = LoopState(canvas.x0, zeros, zeros, jnp.zeros((B,), bool), zeros, jnp.int32(0), jnp.int32(0),
-                      loop.cache.init(denoiser, canvas), rule_state0,
+                      rows.cache.init(denoiser, canvas), rule_state0,
                       loop.recorder.init(B, loop.gen_length, row_bound(loop, canvas) if loop.free_tokens
                                          else loop.max_passes or loop.gen_length,  # store passes: more than G
                                          loop.traits.edits),
                       zeros if loop.traits.revokes else (), zeros if loop.traits.edits else ())
-    return state, Pass(canvas, rule, rule_state0, draws)
+    return state, Pass(canvas, rule, rule_state0, draws, cache=rows.cache)
 
 
 def row_bound(loop: LoopSettings, canvas: Canvas) -> int:
@@ -237,17 +248,24 @@ def row_bound(loop: LoopSettings, canvas: Canvas) -> int:
     return loop.max_passes or canvas.length - canvas.prompt_length
 
 
-def decode_loop(denoiser: Denoiser, ids: Int[Array, "B P"], mask: Bool[Array, "B P"], rng: jax.Array | None, rule,
-                draws: PromptDraws | None = None, *, loop: LoopSettings, special: SpecialIds) -> LoopOutput:
-    """The whole generation for one batch. `rule` has one value per row in every setting (`with_rows`); `draws`:
+def per_row_settings(rows, loop: LoopSettings) -> PerRow:
+    """`rows` as PerRow: a bare rule goes with the loop's own cache policy (one without traced settings)."""
+    return rows if isinstance(rows, PerRow) else PerRow(rows, loop.cache)
+
+
+def decode_loop(denoiser: Denoiser, ids: Int[Array, "B P"], mask: Bool[Array, "B P"], rng: jax.Array | None,
+                rows: PerRow, draws: PromptDraws | None = None, *, loop: LoopSettings, special: SpecialIds
+                ) -> LoopOutput:
+    """The whole generation for one batch. `rows`: the rule and the cache policy with one value per row in every
+    setting (`with_rows`); `draws`:
     a canvas rule's, one entry per row (decode/draws.py; `rng` is the masked rules' sampling key)."""
     canvas = Canvas.build(ids, mask, gen_length=loop.gen_length, block_length=loop.block_length,
                           mask_id=special.mask, shift=denoiser.shift, grid=loop.block_grid)
-    state, at = initial_state(denoiser, canvas, rule, loop=loop, draws=draws)
+    state, at = initial_state(denoiser, canvas, per_row_settings(rows, loop), loop=loop, draws=draws)
     bound = row_bound(loop, canvas)  # every row works in every pass until it is done: a bound on passes
 
     def body(state: LoopState) -> LoopState:
-        return one_pass(denoiser, state, at, rng, loop=loop, special=special)[0]
+        return one_pass(denoiser, state, at, rng, loop=loop, special=special)
 
     def cond(state: LoopState):
         return ~jnp.all(state.done) & (state.passes < bound)

@@ -25,7 +25,7 @@ from localleap_jax.config import ModelConfig
 from localleap_jax.decode.canvas import grid_tail
 from localleap_jax.decode.config import DecodeConfig, check_room, grid_blocks, prompt_arrays
 from localleap_jax.decode.draws import prompt_draws
-from localleap_jax.decode.loop import LoopOutput, decode_loop
+from localleap_jax.decode.loop import LoopOutput, PerRow, decode_loop
 from localleap_jax.decode.slots import decode_slots
 from localleap_jax.rules import DecodeError
 from localleap_jax.rules.base import check_grid_steps
@@ -205,7 +205,9 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
     rows = placement.rows(B)
     shards = placement.rows(1)  # rows are padded to a multiple of the data shards
     per_shard = None if slots is None or -(-slots // shards) >= rows // shards else -(-slots // shards)
-    rule_rows = jax.tree.map(lambda a: pad_rows(a, rows), rule.with_rows(B))
+    # the rule's and the cache policy's settings, one value per row: inputs of the program
+    rule_rows = jax.tree.map(lambda a: pad_rows(a, rows),
+                             PerRow(rule.with_rows(B), cfg.loop_policy(model.config).with_rows(B)))
     loop = cfg.loop_settings(trace, model.config)
     special = model.special
     # A canvas rule's draws are per prompt (decode/draws.py), split with the rows: the same on every placement. A

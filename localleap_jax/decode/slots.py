@@ -1,19 +1,17 @@
 """Continuous batching: N prompts through S slots inside one `lax.while_loop`.
 
-    out = decode_slots(denoiser, ids, mask, rng, rule, loop=settings, special=special_ids, slots=S)
+    out = decode_slots(denoiser, ids, mask, rng, PerRow(rule, cache), loop=settings, special=special_ids, slots=S)
 
 A fixed batch lasts as long as its slowest row: with early stop, or a rule that commits at different rates per
 row, most rows sit finished while the last one works. Here the loop holds S rows (the slots) and a queue of all N
 prompts on the device. Each iteration is the fixed batch's pass (`loop.one_pass`); after it, a slot whose row
-finished hands the row to the per-prompt results (canvas, NFE, trace, remasks, edits) and takes the next queued prompt:
-
-- at once where rows advance on their own (no cache, the block cache): the new prompt's first pass is the next;
-- when the batch moves to its next block, where rows advance together (Fast-dLLM's prefix and dual caches): that
-  pass is a full refresh, which the new row needs as its first.
+finished hands the row to the per-prompt results (canvas, NFE, trace, remasks, edits) and takes the next queued prompt
+at once: every cache policy decides per row (a new row's first pass is its own refresh, in a lane), so the new
+prompt's first pass is the next.
 
 The refill is a static-shape masked update of every per-row leaf (canvas, layout, rule settings and state,
-trace buffers, block counters); the cache policy does what a new prompt needs of its cache (`refill`: the block
-cache prefills it). No row reads another's values, so a prompt's tokens are those it gets decoded alone (greedy
+trace buffers, block counters, the rule's and the cache policy's settings); the cache policy does what a new prompt
+needs of its cache (`refill`: the block cache prefills it, the field's caches restart the row's schedule). No row reads another's values, so a prompt's tokens are those it gets decoded alone (greedy
 decoding; a sampled row's draws depend on its slot and pass, as a fixed batch's depend on its row).
 """
 
@@ -28,7 +26,8 @@ from jaxtyping import Array, Bool, Int
 
 from localleap_jax.decode.canvas import Canvas, rows_where
 from localleap_jax.decode.draws import PromptDraws
-from localleap_jax.decode.loop import LoopOutput, LoopSettings, LoopState, Pass, initial_state, one_pass, row_bound
+from localleap_jax.decode.loop import (LoopOutput, LoopSettings, LoopState, Pass, PerRow, initial_state, one_pass,
+                                       per_row_settings, row_bound)
 from localleap_jax.denoiser import Denoiser, SpecialIds
 
 _LAYOUT = ("x0", "positions", "key_mask", "first_start", "row_blocks")  # a Canvas's per-row arrays
@@ -47,7 +46,7 @@ class Results(NamedTuple):
 class SlotState(NamedTuple):
     loop: LoopState  # the S slots' rows, as a fixed batch's
     layout: tuple  # the slots' Canvas arrays (_LAYOUT), from the prompts they hold
-    rule: Any  # the rule's settings of the prompts the slots hold, [S] per setting
+    rule: Any  # the rule's and the cache policy's settings of the prompts the slots hold (PerRow), [S] per setting
     prompt: Int[Array, "S"]  # the prompt each slot holds (-1: none: finished, handed over, nothing left to take)
     queued: Int[Array, ""]  # the next prompt to take
     results: Results
@@ -63,17 +62,19 @@ def write_rows(results, rows, dest: Int[Array, "S"]):
     return jax.tree.map(lambda r, new: r.at[dest].set(new.astype(r.dtype), mode="drop"), results, rows)
 
 
-def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "N P"], rng: jax.Array | None, rule,
-                 draws: PromptDraws | None = None, *, loop: LoopSettings, special: SpecialIds,
+def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "N P"], rng: jax.Array | None,
+                 rule: PerRow, draws: PromptDraws | None = None, *, loop: LoopSettings, special: SpecialIds,
                  slots: int) -> LoopOutput:
-    """The whole generation of N prompts through min(slots, N) rows; outputs in prompt order. `rule` has one value
-    per prompt in every setting (`with_rows(N)`); `draws`: a canvas rule's, per prompt."""
+    """The whole generation of N prompts through min(slots, N) rows; outputs in prompt order. `rule`: the rule and
+    the cache policy with one value per prompt in every setting (`with_rows(N)`); `draws`: a canvas rule's, per
+    prompt."""
     N = ids.shape[0]
     S = min(slots, N)
     queue = Canvas.build(ids, mask, gen_length=loop.gen_length, block_length=loop.block_length,
                          mask_id=special.mask, shift=denoiser.shift, grid=loop.block_grid)
     first = jnp.arange(S)
     canvas0 = dataclasses.replace(queue, **{f: getattr(queue, f)[:S] for f in _LAYOUT})
+    rule = per_row_settings(rule, loop)
     rule0 = take_rows(rule, first)
     state0, at0 = initial_state(denoiser, canvas0, rule0, loop=loop, draws=draws)
     fresh = (state0.rule_state, state0.record, state0.remasks, state0.edits)  # a row's state before its first pass
@@ -92,15 +93,14 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
 
     def body(st: SlotState) -> SlotState:
         canvas = dataclasses.replace(queue, **dict(zip(_LAYOUT, st.layout)))
-        state, moved = one_pass(denoiser, st.loop, Pass(canvas, st.rule, at0.rule_state0, draws, st.prompt), rng,
-                                loop=loop, special=special)
+        state = one_pass(denoiser, st.loop, Pass(canvas, st.rule.rule, at0.rule_state0, draws, st.prompt,
+                                                 cache=st.rule.cache), rng, loop=loop, special=special)
         # A row that used up its passes (a rule that revokes, at max_passes) stops as it would alone.
         state = state._replace(done=state.done | (state.nfe >= bound))
         st = hand_over(st._replace(loop=state))
 
-        # Free slots take the next prompts, in slot order. With rows that advance together, when the batch moves on,
-        # or when no row is left working (the last ones may have stopped at the bound: then nothing moved).
-        free = state.done & ((moved | jnp.all(state.done)) if loop.cache.rows_together else True)
+        # Free slots take the next prompts, in slot order.
+        free = state.done
         rank = jnp.cumsum(free.astype(jnp.int32)) - 1
         takes = free & (st.queued + rank < N)
         j = jnp.where(takes, st.queued + rank, 0)
@@ -109,14 +109,15 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
         canvas = dataclasses.replace(queue, **dict(zip(_LAYOUT, layout)))
         rule_state, record, remasks, edits = rows_where(takes, fresh, (state.rule_state, state.record, state.remasks,
                                                                        state.edits))
+        settings = rows_where(takes, take_rows(rule, j), st.rule)
         zero = jnp.zeros_like(state.nfe)
         state = state._replace(
             x=jnp.where(takes[:, None], canvas.x0, state.x),
             block=jnp.where(takes, zero, state.block), step_in_block=jnp.where(takes, zero, state.step_in_block),
             done=state.done & ~takes, nfe=jnp.where(takes, zero, state.nfe),
-            cache=loop.cache.refill(denoiser, canvas, state.cache, takes),
+            cache=settings.cache.refill(denoiser, canvas, state.cache, takes),
             rule_state=rule_state, record=record, remasks=remasks, edits=edits)
-        return SlotState(state, layout, rows_where(takes, take_rows(rule, j), st.rule),
+        return SlotState(state, layout, settings,
                          jnp.where(takes, j, st.prompt), st.queued + jnp.sum(takes, dtype=jnp.int32), st.results)
 
     def cond(st: SlotState):

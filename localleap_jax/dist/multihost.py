@@ -123,10 +123,13 @@ class Leader:
         ids, mask = prompt_arrays(ids, mask)
         prepare_inputs(ids, mask, cfg, model.config, rng)  # raises what generate would, before anything is sent
         slots = check_slots(slots)
-        # The rule files and modules the rule's code comes from (a user's --rules): each follower loads the same
-        # ones and checks their bytes are these, every process agreeing before the collective generation.
+        # The rule files and modules the rule's (and a user's cache policy's) code comes from (a user's --rules): each
+        # follower loads the same ones and checks their bytes are these, every process agreeing before the collective
+        # generation.
+        sources = sources_of(cfg.rule)
+        sources += [s for s in ([] if isinstance(cfg.cache, str) else sources_of(cfg.cache)) if s not in sources]
         meta = {"config": cfg.to_json(), "trace": bool(trace), "key_impl": None, "mesh": mesh_shape(mesh),
-                "rules": sources_of(cfg.rule), "slots": slots}
+                "rules": sources, "slots": slots}
         key = None
         if rng is not None:
             import jax

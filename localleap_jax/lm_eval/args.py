@@ -17,6 +17,7 @@ from jax.sharding import Mesh
 from localleap_jax.cli import DEFAULT_CHECKPOINT
 from localleap_jax.errors import ModelArgsError
 from localleap_jax.decode import DecodeConfig, DecodeError, check_room, model_canvas
+from localleap_jax.decode.cache import CACHES
 from localleap_jax.families import family_of
 from localleap_jax.likelihood import ESTIMATOR_NAMES, LikelihoodConfig, LikelihoodError
 from localleap_jax.partition import parse_mesh
@@ -183,6 +184,15 @@ def _rule_settings(strategy) -> set[str]:
     return set(settings_of(cls())) if dataclasses.is_dataclass(cls) else set()
 
 
+def _cache_settings(cache) -> set[str]:
+    """The settings the named cache policy takes (`cache=dllm_cache:gen_interval=4,transfer_ratio=0.5` arrives as
+    `cache=dllm_cache:gen_interval=4` and a key `transfer_ratio`: lm-eval splits model_args at commas)."""
+    if not isinstance(cache, str):
+        return set()
+    cls = CACHES.get(parse_spec(cache)[0])
+    return {f.name for f in dataclasses.fields(cls) if "setting" in f.metadata} if cls is not None else set()
+
+
 def _decode_parser(field: dataclasses.Field) -> Callable:
     # Field annotations are strings (postponed annotations); an unfamiliar one passes the value through
     # and DecodeConfig judges it.
@@ -208,8 +218,12 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
                      - set(SHARED_SETTINGS))
     except DecodeError as e:
         raise ModelArgsError(f"model_args strategy: {e}") from None
-    known = sorted(set(ADAPTER_ARGS) | set(decode_fields) | set(SHARED_SETTINGS) | rule_keys)
-    problems, settings, decode, shared, rule_extra = [], {}, {}, {}, {}
+    try:
+        cache_keys = _cache_settings(given.get("cache")) - set(decode_fields) - set(SHARED_SETTINGS) - rule_keys
+    except DecodeError as e:
+        raise ModelArgsError(f"model_args cache: {e}") from None
+    known = sorted(set(ADAPTER_ARGS) | set(decode_fields) | set(SHARED_SETTINGS) | rule_keys | cache_keys)
+    problems, settings, decode, shared, rule_extra, cache_extra = [], {}, {}, {}, {}, {}
     unknown = [name for name in given if name not in known]
     for name in unknown:
         near = difflib.get_close_matches(name, known, n=1)
@@ -223,6 +237,8 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
             parse, target = _SHARED_PARSERS[name], shared
         elif name in rule_keys:
             parse, target = (lambda v: parse_value(v) if isinstance(v, str) else v), rule_extra
+        elif name in cache_keys:
+            parse, target = (lambda v: parse_value(v) if isinstance(v, str) else v), cache_extra
         else:
             continue
         try:
@@ -241,6 +257,9 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
     if rule_extra:  # fold the rule's own settings into its spec: "klass:tau_c=0.5" + tau_kl=0.05
         name, spec_settings = parse_spec(decode.get("strategy", DecodeConfig.strategy))
         decode["strategy"] = make_spec(name, {**spec_settings, **rule_extra})
+    if cache_extra:  # the cache's own settings, likewise: "dllm_cache:gen_interval=4" + transfer_ratio=0.5
+        name, spec_settings = parse_spec(decode["cache"])
+        decode["cache"] = make_spec(name, {**spec_settings, **cache_extra})
     try:
         # Without a block_length or gen_length the model decides them (a block-diffusion model's block, a canvas
         # model's canvases): `fit_to_model` checks the canvas once the model is known.

@@ -34,9 +34,8 @@ def decode_settings(cfg: DecodeConfig) -> dict:
 
 def rows_interact(cfg: DecodeConfig) -> bool:
     """Whether a row's tokens depend on which rows share its batch: sampling draws one key per batch, and a canvas
-    rule's draws follow a row's place in its batch (decode/draws.py). (With a KV cache the rows advance through
-    blocks together, but a row only waits, with its own canvas and cache unchanged, so its tokens do not depend
-    on the others: tests/test_decode.py.)"""
+    rule's draws follow a row's place in its batch (decode/draws.py). (Every cache policy decides per row, so a
+    row's tokens do not depend on the others: tests/test_decode_vs_torch.py, tests/test_field_caches.py.)"""
     return cfg.draws
 
 

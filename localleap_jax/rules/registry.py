@@ -60,6 +60,13 @@ def _add(name: str, value, origin: tuple[str, str]) -> None:
         log.append(name)
 
 
+def note_registered(name: str) -> None:
+    """Tell the sources listening (rules.sources) that something was registered under `name` (a cache policy, by
+    decode.cache.registry: a user's file may register policies as well as rules)."""
+    for log in _LOGS:
+        log.append(name)
+
+
 def unregister(name: str) -> None:
     """Forget a registered name (rules.sources does, before it runs a changed file again)."""
     dict.pop(RULES, name, None)
