@@ -114,6 +114,14 @@ def shape_bytes(shape: str, every_space: bool = False) -> int:
     return int(total)
 
 
+def tuple_elements(shape: str) -> list[str]:
+    """The top-level elements of a tuple type ("(a, (b, c), d)" -> ["a", "(b, c)", "d"]); [shape] for an array."""
+    shape = shape.strip()
+    if not shape.startswith("("):
+        return [shape]
+    return _split_top(re.sub(r"/\*.*?\*/", "", shape[1:_matching(shape, 0) - 1]))
+
+
 # ---------------------------------------------------------------- parsing
 
 
@@ -213,7 +221,7 @@ class HloModule:
         for line in text.splitlines():
             stripped = line.strip()
             if current is not None:
-                if stripped == "}":
+                if stripped == "}" or stripped.startswith("},"):  # "}, execution_thread=..." on TPU
                     name, entry = header
                     self.computations[name] = Computation(name, current, entry)
                     current = None
@@ -290,11 +298,11 @@ class HloModule:
                 cost.branches.append(Branches(instr.name, self.stack(instr.frame),
                                               tuple(self.cost(n) for n in names)))
                 continue
-            if op in ("call", "async-start") and (instr.called("to_apply") or instr.called("calls")):
+            if op in ("call", "async-start", "call-start") and (instr.called("to_apply") or instr.called("calls")):
                 for callee in instr.called("to_apply") or instr.called("calls"):
                     cost.calls.append(self.cost(callee))
                 continue
-            if op == "async-done" or op == "async-update":
+            if op in ("async-done", "async-update", "call-done"):  # the callee's cost is counted at its start
                 continue
             cost.ops.append(OpBytes(instr.name, op, *self._op_bytes(comp, instr)))
         return cost
@@ -304,6 +312,10 @@ class HloModule:
         op = instr.opcode
         operand_bytes = [shape_bytes(self._operand_shape(comp, o)) for o in dict.fromkeys(instr.operands)]
         out = shape_bytes(instr.shape)
+        if op in ("slice-start", "dynamic-slice-start"):  # an async slice (TPU, into on-chip memory): the part taken
+            parts = tuple_elements(instr.shape)
+            taken = shape_bytes(parts[1], every_space=True) if len(parts) > 1 and operand_bytes[0] else 0
+            return taken + sum(operand_bytes[1:]), 0
         if op.endswith("-start"):  # an async pair: the reads here, the write at its done
             return sum(operand_bytes), 0
         if op.endswith("-done"):
@@ -517,8 +529,10 @@ def DEAREST(cond: Branches, totals: list[int]) -> int:  # noqa: N802
 
 
 def written_in(cond: Branches, sources: Iterable[str]) -> bool:
-    """Whether a conditional was written in a source file ending with one of `sources` (anywhere on its stack)."""
-    return any(frame.file.endswith(tuple(sources)) for frame in cond.stack)
+    """Whether a conditional was written in a source file ending with one of `sources`: its innermost frame, where
+    `lax.cond` / `lax.switch` was called (not a caller: every conditional of the model runs under the cache policy's
+    calls)."""
+    return bool(cond.stack) and cond.stack[0].file.endswith(tuple(sources))
 
 
 def dearest_from(sources: Iterable[str]) -> Chooser:
