@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
+from localleap_jax.attention import lowering_platform
 from localleap_jax.config import ModelConfig
 from localleap_jax.decode import DecodeConfig, OneDevice
 from localleap_jax.decode.run import Program, assemble
@@ -46,8 +47,11 @@ def topology_devices(topology: str | None) -> list:
                           "'v6e:2x2' or 'v5p:2x2x1'")
     from jax.experimental import topologies
 
-    # libtpu reads these at start-up on a TPU VM; on any other host it warns at length without them.
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    # libtpu reads these at start-up (a TPU VM sets them); elsewhere it warns at length without them. Any valid
+    # accelerator type quiets it: the topology named below is what gets described.
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v6e-1")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # several processes may describe topologies at once
     try:
         return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
     except Exception as e:  # no libtpu, or a name it does not know
@@ -153,7 +157,8 @@ def plan_generate(config: ModelConfig, cfg: DecodeConfig, *, batch: int, prompt_
     else:
         denoiser, inputs = placement.shapes(program.denoiser, *program.inputs)
         used = tuple(jax_mesh.devices.flat)
-    lowered = placement.lower(program.loop_fn, denoiser, inputs)
+    with lowering_platform(used[0].platform):  # the model's attention picks the kernel of the target chip
+        lowered = placement.lower(program.loop_fn, denoiser, inputs)
     params_out = denoiser.params if hasattr(denoiser, "params") else params
     return Planned(lowered, program, used, jax_mesh, params_out)
 

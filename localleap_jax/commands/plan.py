@@ -1,0 +1,227 @@
+"""Plan a generation before renting the chips: memory per device and bytes per pass, from a config.json alone.
+
+    python -m localleap_jax.plan --config config.json --batch 8 --prompt-length 896 --gen-length 256 --cache dual
+    python -m localleap_jax.plan --checkpoint DIR --topology v5e:2x4 --mesh data=2,model=4
+    python -m localleap_jax.plan inclusionAI/LLaDA2.0-flash --topology v5p:2x2x2 --mesh expert=8 --json plan.json
+
+The whole generation program `ll.generate` would run is lowered from the model's config.json (`ll.lower_generate`:
+no weights are read, no device memory is taken) and compiled for this host, or for a TPU topology that libtpu
+describes on any host (the `[tpu-aot]` extra). Printed per device: the parameters, the K/V cache and XLA's other
+temporaries against the chip's memory (fits, or by how much it does not); the bytes a cached pass and a full pass
+move (counted from the compiled program, `localleap_jax.hlo_bytes`) against their floor (every weight a pass reads,
+and the cache, read once) and the time those bytes take at the chip's memory bandwidth; XLA's own cost analysis
+where the backend gives one. A hub id reads only config.json. `--json PATH` writes the same as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from localleap_jax import cli
+from localleap_jax.errors import ConfigError, DecodeError
+
+GB = 1e9
+GiB = 1 << 30
+
+
+def parse_args(argv=None):
+    p = cli.OneLineParser(prog="python -m localleap_jax.plan", description=__doc__.split("\n")[0],
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("hub_id", nargs="?", help="a hub id (only its config.json is downloaded)")
+    p.add_argument("--config", help="a config.json")
+    p.add_argument("--checkpoint", help="a checkpoint directory (its config.json)")
+    p.add_argument("--topology", help="a TPU topology, e.g. v5e:2x4, v6e:2x2, v5p:2x2x1 (default: this host)")
+    p.add_argument("--mesh", help="data=D,expert=E,model=M (default: one device)")
+    p.add_argument("--batch", type=cli.positive, default=1)
+    p.add_argument("--prompt-length", type=cli.positive, default=896)
+    p.add_argument("--gen-length", type=cli.positive, default=256)
+    p.add_argument("--block-length", type=cli.positive, default=None,
+                   help="default: the model's block (block diffusion, canvases) or 32")
+    p.add_argument("--cache", default="auto", help="none | prefix | dual | block | subblock | encoder | auto")
+    p.add_argument("--strategy", default=None, help="a rule spec (default: the family's last evaluation strategy)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--json", help="write the plan as JSON here")
+    args = p.parse_args(argv)
+    given = [x for x in (args.hub_id, args.config, args.checkpoint) if x]
+    if len(given) != 1:
+        p.error("name the model once: --config config.json, --checkpoint DIR or a hub id")
+    return args
+
+
+def read_model_config(args):
+    """The ModelConfig from --config, --checkpoint or a hub id (its config.json alone)."""
+    from localleap_jax.families import read_config_file
+
+    if args.config:
+        return read_config_file(Path(args.config).expanduser())
+    if args.checkpoint:
+        path = Path(args.checkpoint).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"--checkpoint {path}: not a directory")
+        return read_config_file(path / "config.json")
+    return read_config_file(hub_config(args.hub_id))
+
+
+def hub_config(repo_id: str) -> Path:
+    """config.json of a hub repository, downloaded alone (or from the local hub cache)."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(repo_id, "config.json"))
+    except Exception as e:  # offline, no such repository, gated: one line
+        name = type(e).__name__
+        if "Offline" in name or "LocalEntryNotFound" in name or "Connection" in name:
+            raise ConfigError(f"{repo_id}: config.json is not in the local hub cache and the hub cannot be reached "
+                              f"(offline); pass --config PATH instead") from None
+        raise ConfigError(f"{repo_id}: config.json could not be downloaded ({cli.one_line(e)})") from None
+
+
+def decode_config(args, config):
+    import localleap_jax as ll
+    from localleap_jax.decode.config import model_canvas
+    from localleap_jax.families import family_of
+
+    strategy = args.strategy or family_of(config).eval_strategies.split(",")[-1]
+    fields = {"gen_length": args.gen_length, "block_length": args.block_length or 32, **model_canvas(config,
+                                                                                                       args.gen_length)}
+    if args.block_length:
+        fields["block_length"] = args.block_length
+    return ll.DecodeConfig(strategy=strategy, cache=args.cache, **fields)
+
+
+def plan(args) -> dict:
+    """Lower, compile and measure; returns the plan as a dict (what --json writes)."""
+    from localleap_jax.dist import aot
+    from localleap_jax.hlo_bytes import backend_estimate
+
+    config = read_model_config(args)
+    cfg = decode_config(args, config)
+    cfg.validate(config)
+    t0 = time.perf_counter()
+    planned = aot.plan_generate(config, cfg, batch=args.batch, prompt_length=args.prompt_length, dtype=args.dtype,
+                                topology=args.topology, mesh=args.mesh)
+    t1 = time.perf_counter()
+    compiled = planned.lowered.compile()
+    t2 = time.perf_counter()
+    passes = aot.pass_cost(planned, compiled)
+    memory = compiled.memory_analysis()
+    device = planned.devices[0]
+    kind, capacity, bandwidth = aot.device_memory(device)
+    params = aot.weight_bytes(planned)
+    kv = aot.kv_bytes(planned)
+    temp = int(getattr(memory, "temp_size_in_bytes", 0) or 0)
+    arguments = int(getattr(memory, "argument_size_in_bytes", 0) or 0)
+    output = int(getattr(memory, "output_size_in_bytes", 0) or 0)
+    alias = int(getattr(memory, "alias_size_in_bytes", 0) or 0)
+    code = int(getattr(memory, "generated_code_size_in_bytes", 0) or 0)
+    total = arguments + temp + output - alias + code
+    mesh = dict(planned.mesh.shape) if planned.mesh is not None else None
+    out = {
+        "model": {"family": config.family, "layers": config.n_layers, "d_model": config.d_model,
+                  "parameters": sum(int(_size(leaf)) for leaf in _leaves(planned.params)) if mesh is None else None},
+        "run": {"batch": args.batch, "prompt_length": args.prompt_length, "prompt_bucket": planned.program.prompt_length,
+                "gen_length": cfg.gen_length, "block_length": cfg.block_length, "cache": planned.program.loop.cache.name,
+                "strategy": cfg.rule.spec(), "dtype": args.dtype},
+        "devices": {"kind": kind, "count": len(planned.devices), "topology": args.topology, "mesh": mesh,
+                    "memory_bytes": capacity, "bandwidth_bytes_per_s": bandwidth},
+        "per_device": {"parameters": params, "kv_cache": kv, "other_temporaries": max(temp - kv, 0),
+                       "inputs_and_outputs": max(arguments - params, 0) + output - alias, "code": code,
+                       "total": total, "fits": None if capacity is None else total <= capacity,
+                       "headroom": None if capacity is None else capacity - total},
+        "per_pass": passes.to_json(),
+        "seconds_at_bandwidth": None if bandwidth is None else {
+            "cached": passes.cached / bandwidth, "full": passes.full / bandwidth, "floor": passes.floor / bandwidth},
+        "xla_estimate": backend_estimate(compiled),
+        "seconds": {"lower": round(t1 - t0, 2), "compile": round(t2 - t1, 2)},
+    }
+    return out
+
+
+def _leaves(tree):
+    import jax
+
+    return jax.tree.leaves(tree)
+
+
+def _size(leaf) -> int:
+    import numpy as np
+
+    return int(np.prod(leaf.shape, dtype=np.int64))
+
+
+def report(p: dict) -> str:
+    d, run, dev, per = p["model"], p["run"], p["devices"], p["per_device"]
+    mesh = " x ".join(f"{k}={v}" for k, v in dev["mesh"].items()) if dev["mesh"] else "one device"
+    where = f"{dev['kind']}" + (f" ({dev['topology']}, {dev['count']} chips)" if dev["topology"] else "")
+    lines = [f"{d['family']}: {d['layers']} layers, d_model {d['d_model']}"
+             + (f", {d['parameters'] / 1e9:.2f} B parameters" if d["parameters"] else ""),
+             f"run: batch {run['batch']}, prompt {run['prompt_length']} (bucket {run['prompt_bucket']}), gen "
+             f"{run['gen_length']}, block {run['block_length']}, cache {run['cache']}, {run['strategy']}, {run['dtype']}",
+             f"on: {where}, {mesh}"]
+    cap = dev["memory_bytes"]
+    lines.append(f"memory per device{'' if cap is None else f' (of {cap / GiB:.2f} GiB)'}:")
+    for name in ("parameters", "kv_cache", "other_temporaries", "inputs_and_outputs", "code", "total"):
+        lines.append(f"  {name.replace('_', ' '):20s} {per[name] / GiB:10.3f} GiB")
+    if per["fits"] is not None:
+        lines.append(f"  fits, {per['headroom'] / GiB:.2f} GiB to spare" if per["fits"] else
+                     f"  does NOT fit: {-per['headroom'] / GiB:.2f} GiB short")
+    ps = p["per_pass"]
+    lines.append("bytes per pass per device (counted from the compiled program):")
+    floor = f"floor {ps['floor'] / GB:.3f} GB = weights {ps['weights'] / GB:.3f} + K/V {ps['kv'] / GB:.3f}"
+    if ps["cache_choices"]:
+        lines.append(f"  cached pass {ps['cached'] / GB:10.3f} GB  {ps['cached_ratio']:5.2f}x  {floor}")
+        lines.append(f"  full pass   {ps['full'] / GB:10.3f} GB  {ps['full_ratio']:5.2f}x")
+    else:
+        lines.append(f"  every pass is full: {ps['full'] / GB:.3f} GB  {ps['full_ratio']:.2f}x  {floor}")
+    lines.append(f"  before the loop (prefill) {ps['before'] / GB:.3f} GB")
+    s = p["seconds_at_bandwidth"]
+    if s:
+        lines.append(f"at {dev['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s: cached pass {s['cached'] * 1e3:.2f} ms, full "
+                     f"pass {s['full'] * 1e3:.2f} ms (floor {s['floor'] * 1e3:.2f} ms)")
+    est = p["xla_estimate"]
+    if est:
+        parts = [f"{k} {v:.4g}" for k, v in est.items() if k in ("optimal_seconds", "bytes accessed", "flops")]
+        lines.append("XLA's cost analysis (each loop body counted once): " + ", ".join(parts))
+    lines.append(f"lowered in {p['seconds']['lower']} s, compiled in {p['seconds']['compile']} s")
+    return "\n".join(lines)
+
+
+def work(args) -> int:
+    if args.json:
+        target = Path(args.json).expanduser()
+        cli.check_writable_dir(target.parent, "--json", target)
+    result = plan(args)
+    print(report(result))
+    if args.json:
+        Path(args.json).expanduser().write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+def prepare_environment(args) -> None:
+    """Before JAX starts: a topology needs no TPU backend here (JAX would look for chips); a mesh on this host's CPU
+    takes as many virtual CPU devices as it names."""
+    if args.topology:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    elif args.mesh and os.environ.get("JAX_PLATFORMS", "cpu") == "cpu":
+        from localleap_jax.partition import parse_mesh
+
+        try:
+            sizes = parse_mesh(args.mesh)
+        except DecodeError:
+            return  # reported in one line when the plan reads it
+        n = 1
+        for v in sizes.values():
+            n *= v
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_force_host_platform_device_count" not in flags:
+            os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    prepare_environment(args)
+    return cli.run_command(lambda: work(args))
