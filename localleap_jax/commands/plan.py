@@ -53,17 +53,51 @@ def parse_args(argv=None):
 
 
 def read_model_config(args):
-    """The ModelConfig from --config, --checkpoint or a hub id (its config.json alone)."""
-    from localleap_jax.families import read_config_file
-
+    """The ModelConfig from --config, --checkpoint or a hub id (its config.json alone), and a note when an id the
+    program's shapes do not depend on was missing and a placeholder planned with."""
     if args.config:
-        return read_config_file(Path(args.config).expanduser())
-    if args.checkpoint:
-        path = Path(args.checkpoint).expanduser()
-        if not path.is_dir():
-            raise ConfigError(f"--checkpoint {path}: not a directory")
-        return read_config_file(path / "config.json")
-    return read_config_file(hub_config(args.hub_id))
+        path = Path(args.config).expanduser()
+    elif args.checkpoint:
+        path = Path(args.checkpoint).expanduser() / "config.json"
+        if not path.parent.is_dir():
+            raise ConfigError(f"--checkpoint {path.parent}: not a directory")
+    else:
+        path = hub_config(args.hub_id)
+    return config_for_planning(path)
+
+
+IDS = ("mask_token_id", "eos_token_id", "pad_token_id")  # ids a released config.json may leave to its tokenizer
+
+
+def config_for_planning(path: Path):
+    """(ModelConfig, note or None). A released config.json may leave ids to the tokenizer (LLaDA2: the mask and EOS
+    ids): the converter reads them there; a plan needs only shapes, so it takes placeholders (the last vocabulary
+    ids) and says so."""
+    from localleap_jax.families import read_config, read_config_file
+
+    try:
+        return read_config_file(path), None
+    except ConfigError as e:
+        missing = next((key for key in IDS if f"no {key}" in str(e)), None)
+        if missing is None:
+            raise
+    hf = json.loads(path.read_text())
+    vocab = int(hf.get("vocab_size") or hf.get("text_config", {}).get("vocab_size", 2))
+    placed = {}
+    for _ in IDS:  # each read names the next missing id
+        try:
+            config = read_config({**hf, **placed})
+            break
+        except ConfigError as e:
+            missing = next((key for key in IDS if f"no {key}" in str(e) and key not in placed), None)
+            if missing is None:
+                raise
+            placed[missing] = vocab - 1 - len(placed)
+    else:
+        config = read_config({**hf, **placed})
+    given = ", ".join(f"{key} {value}" for key, value in placed.items())
+    return config, (f"config.json leaves ids to its tokenizer: planned with placeholders ({given}); ids do not "
+                    "change the program's shapes")
 
 
 def hub_config(repo_id: str) -> Path:
@@ -98,7 +132,7 @@ def plan(args) -> dict:
     from localleap_jax.dist import aot
     from localleap_jax.hlo_bytes import backend_estimate
 
-    config = read_model_config(args)
+    config, note = read_model_config(args)
     cfg = decode_config(args, config)
     cfg.validate(config)
     t0 = time.perf_counter()
@@ -137,6 +171,7 @@ def plan(args) -> dict:
             "cached": passes.cached / bandwidth, "full": passes.full / bandwidth, "floor": passes.floor / bandwidth},
         "xla_estimate": backend_estimate(compiled),
         "seconds": {"lower": round(t1 - t0, 2), "compile": round(t2 - t1, 2)},
+        "note": note,
     }
     return out
 
@@ -157,7 +192,8 @@ def report(p: dict) -> str:
     d, run, dev, per = p["model"], p["run"], p["devices"], p["per_device"]
     mesh = " x ".join(f"{k}={v}" for k, v in dev["mesh"].items()) if dev["mesh"] else "one device"
     where = f"{dev['kind']}" + (f" ({dev['topology']}, {dev['count']} chips)" if dev["topology"] else "")
-    lines = [f"{d['family']}: {d['layers']} layers, d_model {d['d_model']}"
+    lines = [f"note: {p['note']}"] if p.get("note") else []
+    lines += [f"{d['family']}: {d['layers']} layers, d_model {d['d_model']}"
              + (f", {d['parameters'] / 1e9:.2f} B parameters" if d["parameters"] else ""),
              f"run: batch {run['batch']}, prompt {run['prompt_length']} (bucket {run['prompt_bucket']}), gen "
              f"{run['gen_length']}, block {run['block_length']}, cache {run['cache']}, {run['strategy']}, {run['dtype']}",
