@@ -616,29 +616,30 @@ class LoopPasses:
 def generation_loop(module: HloModule) -> Loop:
     """The entry's data-dependent while loop with the dearest body (the generation loop: its trip count is the
     number of passes, known only at run time)."""
-    loops = [loop for loop in _loops(module.cost()) if loop.trips is None]
+    loops = [loop for loop in loops_in(module.cost()) if loop.trips is None]
     if not loops:
         raise ValueError("the program has no data-dependent while loop")
-    return max(loops, key=lambda loop: loop.body.total(CHEAPEST, _ones(loop.body)))
+    return max(loops, key=lambda loop: loop.body.total(CHEAPEST, once_each(loop.body)))
 
 
-def _loops(cost: Cost) -> list[Loop]:
+def loops_in(cost: Cost) -> list[Loop]:
+    """Every while loop of a run of `cost` (nested ones inside loops not included: see once_each)."""
     out = list(cost.loops)
     for callee in cost.calls:
-        out += _loops(callee)
+        out += loops_in(callee)
     for cond in cost.branches:
         for b in cond.branches:
-            out += _loops(b)
+            out += loops_in(b)
     return out
 
 
-def _ones(cost: Cost) -> dict[str, int]:
-    """Trip count 1 for every data-dependent loop inside (a nested one counts once per run)."""
+def once_each(cost: Cost) -> dict[str, int]:
+    """Trip count 1 for every data-dependent loop inside, at any depth: `trips` for a pass's cost."""
     out = {}
-    for loop in _loops(cost):
+    for loop in loops_in(cost):
         if loop.trips is None:
             out[loop.name] = 1
-        out.update(_ones(loop.body))
+        out.update(once_each(loop.body))
     return out
 
 
@@ -657,8 +658,8 @@ def loop_passes(module: HloModule | str, sources: Iterable[str] = PASS_SOURCES) 
     module = parse(module) if isinstance(module, str) else module
     sources = tuple(sources)
     loop = generation_loop(module)
-    inner = _ones(loop.body)
-    before_trips = {**_ones(module.cost()), loop.name: 0}
+    inner = once_each(loop.body)
+    before_trips = {**once_each(module.cost()), loop.name: 0}
     before = module.cost().total(CHEAPEST, before_trips)
     return LoopPasses(loop.name, loop.body.total(CHEAPEST, inner) + loop.condition.total(CHEAPEST, inner),
                       loop.body.total(dearest_from(sources), inner) + loop.condition.total(CHEAPEST, inner),
@@ -680,4 +681,5 @@ def backend_estimate(compiled) -> dict:
 
 __all__ = ["CHEAPEST", "DEAREST", "Branches", "Chooser", "Cost", "HloModule", "LoopPasses", "OpBytes",
            "PASS_SOURCES", "UnknownTripCount", "backend_estimate", "dearest_from", "generation_loop", "loop_passes",
+           "loops_in", "once_each",
            "parse", "shape_bytes", "written_in"]

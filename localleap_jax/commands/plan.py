@@ -45,6 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--strategy", default=None, help="a rule spec (default: the family's last evaluation strategy)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--json", help="write the plan as JSON here")
+    p.add_argument("--hlo", help="write the compiled program's optimized HLO text here")
+    p.add_argument("--top", type=cli.count, default=5, help="print this many of a cached pass's dearest ops")
     args = p.parse_args(argv)
     given = [x for x in (args.hub_id, args.config, args.checkpoint) if x]
     if len(given) != 1:
@@ -142,6 +144,9 @@ def plan(args) -> dict:
     compiled = planned.lowered.compile()
     t2 = time.perf_counter()
     passes = aot.pass_cost(planned, compiled)
+    text = compiled.as_text()
+    if args.hlo:
+        Path(args.hlo).expanduser().write_text(text)
     memory = compiled.memory_analysis()
     device = planned.devices[0]
     kind, capacity, bandwidth = aot.device_memory(device)
@@ -167,12 +172,32 @@ def plan(args) -> dict:
                        "total": total, "fits": None if capacity is None else total <= capacity,
                        "headroom": None if capacity is None else capacity - total},
         "per_pass": passes.to_json(),
+        "dearest_ops": dearest_ops(text, args.top),
         "seconds_at_bandwidth": None if bandwidth is None else {
             "cached": passes.cached / bandwidth, "full": passes.full / bandwidth, "floor": passes.floor / bandwidth},
         "xla_estimate": backend_estimate(compiled),
         "seconds": {"lower": round(t1 - t0, 2), "compile": round(t2 - t1, 2)},
         "note": note,
     }
+    return out
+
+
+def dearest_ops(text: str, n: int) -> list[dict]:
+    """The n ops of a cached pass that move the most bytes (times the runs of their loops), with where they came
+    from (XLA's op_name: the JAX call path)."""
+    import re
+
+    from localleap_jax import hlo_bytes
+
+    module = hlo_bytes.parse(text)
+    loop = hlo_bytes.generation_loop(module)
+    names = {i.name: i for c in module.computations.values() for i in c.instructions}
+    out = []
+    for op, runs in loop.body.top(n, hlo_bytes.CHEAPEST, hlo_bytes.once_each(loop.body)):
+        meta = names[op.name].attrs.get("metadata", "") if op.name in names else ""
+        where = re.search(r'op_name="([^"]*)"', meta)
+        out.append({"op": op.name, "kind": op.opcode, "read": op.read, "written": op.written, "runs": runs,
+                    "bytes": (op.read + op.written) * runs, "source": where.group(1) if where else ""})
     return out
 
 
@@ -214,6 +239,10 @@ def report(p: dict) -> str:
     else:
         lines.append(f"  every pass is full: {ps['full'] / GB:.3f} GB  {ps['full_ratio']:.2f}x  {floor}")
     lines.append(f"  before the loop (prefill) {ps['before'] / GB:.3f} GB")
+    if p["dearest_ops"]:
+        lines.append("  where a cached pass's bytes go (dearest ops, bytes x runs):")
+        for op in p["dearest_ops"]:
+            lines.append(f"    {op['bytes'] / GB:9.3f} GB  {op['runs']:>3} x {op['kind']:<10} {op['source'][-90:]}")
     s = p["seconds_at_bandwidth"]
     if s:
         lines.append(f"at {dev['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s: cached pass {s['cached'] * 1e3:.2f} ms, full "
