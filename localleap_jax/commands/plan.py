@@ -141,7 +141,13 @@ def plan(args) -> dict:
     planned = aot.plan_generate(config, cfg, batch=args.batch, prompt_length=args.prompt_length, dtype=args.dtype,
                                 topology=args.topology, mesh=args.mesh)
     t1 = time.perf_counter()
-    compiled = planned.lowered.compile()
+    try:
+        compiled = planned.lowered.compile()
+    except Exception as e:  # XLA refuses a program that cannot fit the chip: that is the answer, not an error
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        return not_fitting(args, config, cfg, planned, note, str(e), round(t1 - t0, 2),
+                           round(time.perf_counter() - t1, 2))
     t2 = time.perf_counter()
     passes = aot.pass_cost(planned, compiled)
     text = compiled.as_text()
@@ -180,6 +186,35 @@ def plan(args) -> dict:
         "note": note,
     }
     return out
+
+
+def not_fitting(args, config, cfg, planned, note: str | None, message: str, lower_s: float, compile_s: float) -> dict:
+    """The plan of a program XLA refused to compile for lack of device memory: what it asked for against what the
+    chip has (from XLA's message), the parameters and K/V per device; no bytes per pass (there is no program)."""
+    import re
+
+    from localleap_jax.dist import aot
+
+    kind, capacity, bandwidth = aot.device_memory(planned.devices[0])
+    asked = re.search(r"required for ([\w ]+?) \(([\d.]+)([KMGT])\) exceeds available \w+ \(([\d.]+)([KMGT])\)", message)
+    unit = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    need = have = None
+    if asked:
+        need, have = float(asked.group(2)) * unit[asked.group(3)], float(asked.group(4)) * unit[asked.group(5)]
+    mesh = dict(planned.mesh.shape) if planned.mesh is not None else None
+    return {
+        "model": {"family": config.family, "layers": config.n_layers, "d_model": config.d_model, "parameters": None},
+        "run": {"batch": args.batch, "prompt_length": args.prompt_length, "prompt_bucket": planned.program.prompt_length,
+                "gen_length": cfg.gen_length, "block_length": cfg.block_length, "cache": planned.program.loop.cache.name,
+                "strategy": cfg.rule.spec(), "dtype": args.dtype},
+        "devices": {"kind": kind, "count": len(planned.devices), "topology": args.topology, "mesh": mesh,
+                    "memory_bytes": capacity, "bandwidth_bytes_per_s": bandwidth},
+        "per_device": {"parameters": aot.weight_bytes(planned), "kv_cache": aot.kv_bytes(planned), "fits": False,
+                       "xla_refused": cli.one_line(Exception(message))[:300],
+                       "asked": {"what": asked.group(1) if asked else None, "bytes": need, "available": have}},
+        "per_pass": None, "dearest_ops": [], "seconds_at_bandwidth": None, "xla_estimate": {},
+        "seconds": {"lower": lower_s, "compile": compile_s}, "note": note,
+    }
 
 
 def dearest_ops(text: str, n: int) -> list[dict]:
@@ -225,6 +260,17 @@ def report(p: dict) -> str:
              f"on: {where}, {mesh}"]
     cap = dev["memory_bytes"]
     lines.append(f"memory per device{'' if cap is None else f' (of {cap / GiB:.2f} GiB)'}:")
+    if p["per_pass"] is None:  # XLA refused the program: it does not fit
+        asked = per["asked"]
+        lines.append(f"  parameters {per['parameters'] / GiB:10.3f} GiB, K/V cache {per['kv_cache'] / GiB:.3f} GiB")
+        if asked["bytes"]:
+            lines.append(f"  does NOT fit: XLA needs {asked['bytes'] / GiB:.2f} GiB for {asked['what']}, the chip "
+                         f"has {asked['available'] / GiB:.2f} GiB ({(asked['bytes'] - asked['available']) / GiB:.2f} "
+                         "GiB short)")
+        else:
+            lines.append(f"  does NOT fit: {per['xla_refused']}")
+        lines.append(f"lowered in {p['seconds']['lower']} s, refused after {p['seconds']['compile']} s")
+        return "\n".join(lines)
     for name in ("parameters", "kv_cache", "other_temporaries", "inputs_and_outputs", "code", "total"):
         lines.append(f"  {name.replace('_', ' '):20s} {per[name] / GiB:10.3f} GiB")
     if per["fits"] is not None:
