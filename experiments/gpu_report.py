@@ -19,7 +19,13 @@ Sections, printed with their elapsed time and written to --json (default gpu_rep
   localleap   LocalLeap (default settings) + dual cache: JAX vs the PyTorch LocalLeap loop (Fast-dLLM's dual loop
               with reference_rules' eager LocalLeap rule); ratio of tokens/s
   memory      peak device memory: JAX (`memory_stats()["peak_bytes_in_use"]`) and torch (`max_memory_allocated`),
-              both holding their copy of the weights
+              both holding their copy of the weights (the twin's transposed copies are JAX arrays too: this is
+              the benchmark's peak, not the decoder's)
+  decoder memory  the decoder's own peak, measured first, in a subprocess that never imports torch nor builds the
+              twin (`--decoder-memory-only`): the weights, then `ll.generate` in every cache mode at each batch;
+              its device's peak bytes in use (host peak RSS where the device reports none: CPU), against the
+              parameters + the K/V cache of the largest batch (the issue's goal at B=1: peak <= 1.1x that), and
+              each compiled program's own footprint (XLA's memory_analysis: arguments + temporaries)
 and the attention path JAX chose (`localleap_jax.model.attention_implementation`).
 
 Time boxes: --budget-s (default 400 s) is the whole report's; each section gets a share (less when the report runs
@@ -226,6 +232,68 @@ def decode_section(sec: Section, report, model, twin, per_batch, batches, modes,
             print_decode_row(row)
 
 
+# ------------------------------------------------------------------------------------------------ decoder memory
+
+
+def tree_bytes(tree) -> int:
+    return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(tree))
+
+
+def decoder_memory(args, dtype) -> dict:
+    """In this process, which has not imported torch (checked): the decoder alone, every cache mode at each batch."""
+    import resource
+
+    import localleap_jax as ll
+    from localleap_jax.compile_cache import compiled_programs
+
+    model = random_model(args.shape, dtype)
+    jax.block_until_ready(model.params)
+    c = model.config
+    L, G, T = args.length, args.gen_length, args.block_length
+    P = L - G
+    params = tree_bytes(model.params)
+    rows = []
+    for B in [int(b) for b in args.batch.split(",")]:
+        kv = 2 * c.n_layers * B * L * c.n_kv_heads * c.head_dim * dtype.itemsize
+        for cache in ("none", "prefix", "dual"):
+            rule = ll.rule("low_confidence", steps=G // args.tokens_per_step)
+            out = ll.generate(model, random_prompts(c, B, P, seed=B), None,
+                              ll.DecodeConfig(strategy=rule, gen_length=G, block_length=T, cache=cache))
+            program = compiled_programs()[-1].executable.memory_analysis()
+            footprint = program.argument_size_in_bytes + program.temp_size_in_bytes + program.output_size_in_bytes
+            rows.append({"batch": B, "cache": cache, "passes": out.forward_passes, "kv_bytes": kv,
+                         "program_bytes": int(footprint), "program_temp_bytes": int(program.temp_size_in_bytes)})
+            print(f"   B={B} {cache:6s} program: arguments + temporaries {footprint / 2**30:.3f} GiB (temporaries "
+                  f"{program.temp_size_in_bytes / 2**30:.3f}; K/V {kv / 2**30:.3f})")
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    source = "device peak_bytes_in_use"
+    if peak is None:  # CPU: the process's peak resident memory (runtime and Python included)
+        peak, source = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "host peak RSS"
+    largest = max(r["kv_bytes"] for r in rows)
+    return {"torch_imported": "torch" in sys.modules, "device": jax.devices()[0].device_kind, "peak_bytes": int(peak),
+            "peak_source": source, "param_bytes": params, "kv_bytes_largest_batch": largest,
+            "peak_over_params_and_kv": peak / (params + largest), "rows": rows}
+
+
+def run_decoder_memory(args) -> dict:
+    """`decoder_memory` in a fresh process (this one will build the twin): its report, or why it has none."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "decoder.json"
+        flags = ["--shape", args.shape, "--length", str(args.length), "--gen-length", str(args.gen_length),
+                 "--block-length", str(args.block_length), "--batch", args.batch, "--tokens-per-step",
+                 str(args.tokens_per_step), "--threads", str(args.threads), "--json", str(out),
+                 "--decoder-memory-only"] + (["--dtype", args.dtype] if args.dtype else [])
+        run = subprocess.run([sys.executable, str(Path(__file__).resolve()), *flags], capture_output=True, text=True)
+        print(run.stdout.rstrip())
+        if run.returncode != 0 or not out.exists():
+            return {"error": (run.stderr.strip().splitlines() or ["no output"])[-1]}
+        return json.loads(out.read_text())
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
@@ -242,10 +310,27 @@ def main(argv=None) -> dict:
     ap.add_argument("--budget-s", type=float, default=400.0, help="time for the whole report (sections share it)")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads on both sides (read by bench_threads)")
     ap.add_argument("--json", default="gpu_report.json", help="where the report goes besides the printout")
+    ap.add_argument("--decoder-memory-only", action="store_true",
+                    help="only the decoder's memory, in this process (no torch): what the report runs first")
     args = ap.parse_args(argv)
     for k, v in SHAPE_DEFAULTS[args.shape].items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+
+    if args.decoder_memory_only:
+        report = decoder_memory(args, jnp.dtype(args.dtype or ("bfloat16" if on_gpu() else "float32")))
+        Path(args.json).write_text(json.dumps(report, indent=2))
+        return report
+    print("== decoder memory (a process without torch or the twin)")
+    t0 = time.perf_counter()
+    decoder = run_decoder_memory(args)
+    decoder["seconds"] = time.perf_counter() - t0
+    if "peak_bytes" in decoder:
+        print(f"   decoder peak ({decoder['peak_source']}): {decoder['peak_bytes'] / 2**30:.2f} GiB = "
+              f"{decoder['peak_over_params_and_kv']:.2f}x parameters {decoder['param_bytes'] / 2**30:.2f} GiB + K/V "
+              f"{decoder['kv_bytes_largest_batch'] / 2**30:.2f} GiB  [{decoder['seconds']:.1f} s]")
+    else:
+        print(f"   not measured: {decoder['error']}")
 
     import torch
 
@@ -268,7 +353,7 @@ def main(argv=None) -> dict:
               "dtype": dtype.name, "params": model.config.num_params, "attention_implementation": attn,
               "config": {"length": L, "prompt_length": P, "gen_length": G, "block_length": T, "batches": batches,
                          "tokens_per_step": args.tokens_per_step, "budget_s": args.budget_s, "threads": N_THREADS},
-              "sections": {"setup": {"seconds": setup_s}}}
+              "sections": {"setup": {"seconds": setup_s}}, "decoder_memory": decoder}
     print(f"{report['device']} (torch on {twin[1]}): {args.shape}, {model.config.num_params / 1e9:.2f}B params, "
           f"{dtype.name}; JAX attention: {attn}; setup {setup_s:.1f} s")
 
@@ -292,7 +377,8 @@ def main(argv=None) -> dict:
     report["total_seconds"] = time.perf_counter() - t_start
     mem = report["memory"]
     gib = lambda b: "n/a" if b is None else f"{b / 2**30:.2f} GiB"  # noqa: E731
-    print(f"\npeak device memory: JAX {gib(mem['jax_peak_bytes'])}, torch {gib(mem['torch_peak_bytes'])}")
+    print(f"\npeak device memory with the twin (the benchmark's): JAX {gib(mem['jax_peak_bytes'])}, torch "
+          f"{gib(mem['torch_peak_bytes'])}; the decoder's alone: {gib(decoder.get('peak_bytes'))}")
     print(f"total {report['total_seconds']:.1f} s")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     with open(args.json, "w") as f:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 # name -> the module that defines it
 _HOMES = {
-    "generate": "api", "load": "api", "loglikelihood": "api",
+    "generate": "api", "load": "api", "loglikelihood": "api", "lower_generate": "api",
     "CheckpointError": "checkpoint", "Model": "checkpoint",
     "ConfigError": "config", "ModelConfig": "config",
     "DecodeConfig": "decode", "DecodeError": "decode", "Generation": "decode",
@@ -53,7 +53,7 @@ def __dir__():
 
 if TYPE_CHECKING:  # what the names are, for readers and type checkers
     from localleap_jax import checkpoint
-    from localleap_jax.api import generate, load, loglikelihood
+    from localleap_jax.api import generate, load, loglikelihood, lower_generate
     from localleap_jax.checkpoint import CheckpointError, Model
     from localleap_jax.config import ConfigError, ModelConfig
     from localleap_jax.decode import DecodeConfig, DecodeError, Generation

@@ -1,8 +1,10 @@
-"""The front door: `ll.load`, `ll.generate` and `ll.loglikelihood`, which choose where the work runs.
+"""The front door: `ll.load`, `ll.generate`, `ll.loglikelihood` and `ll.lower_generate`, which choose where the work
+runs.
 
     model = ll.load(path, dtype="bfloat16", verify=True, mesh=None)
     out = ll.generate(model, ids, mask, cfg, rng, trace=False, mesh=None, devices=None, slots=None)
     logp = ll.loglikelihood(model, contexts, continuations, ll.LikelihoodConfig(), mesh=None)
+    lowered = ll.lower_generate(config, cfg, batch=8, prompt_length=896, dtype="bfloat16", topology=None, mesh=None)
 
 `load` is three steps: resolve the name (an embedded model, a directory, or a hub id converted once), open the
 directory (manifest.json and config.json read once), restore the parameters (onto one device, or straight into
@@ -20,6 +22,7 @@ import jax
 from localleap_jax import checkpoint
 from localleap_jax.checkpoint import Model
 from localleap_jax.decode import DecodeConfig, Generation, run
+from localleap_jax.dist import aot
 from localleap_jax.dist.placement import decode_placement, likelihood_placement
 from localleap_jax.errors import CheckpointError
 from localleap_jax.likelihood import LikelihoodConfig, greedy_match, loglikelihood as loglikelihood_on
@@ -71,3 +74,15 @@ def loglikelihood(model, contexts, continuations, lcfg: LikelihoodConfig = Likel
     finally:
         if bar is not None:
             bar.close()
+
+
+def lower_generate(config, cfg: DecodeConfig, *, batch: int, prompt_length: int, dtype="bfloat16", topology=None,
+                   mesh=None, trace: bool = False, slots: int | None = None):
+    """The whole generation program `ll.generate` runs, lowered from a `ModelConfig` alone (no weights, no devices
+    held): `jax.stages.Lowered` for `batch` prompts of `prompt_length` tokens under `cfg`, parameters of `dtype`.
+    `topology=None`: this host's backend; a TPU topology name ("v5e:2x4", "v6e:2x2", "v5p:2x2x1") compiles for those
+    chips on any host (libtpu: the `[tpu-aot]` extra). `mesh=dict(data=, expert=, model=)`: split as `ll.generate`
+    on `ll.make_mesh(...)` splits it. `.compile()` it for `memory_analysis()`, `cost_analysis()` and `as_text()`
+    (`localleap_jax.hlo_bytes` counts the bytes a pass moves; `python -m localleap_jax.plan` prints it all)."""
+    return aot.lower_generate(config, cfg, batch=batch, prompt_length=prompt_length, dtype=dtype, topology=topology,
+                              mesh=mesh, trace=trace, slots=slots)

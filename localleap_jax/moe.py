@@ -50,6 +50,9 @@ inside `lax.while_loop`. The grouped matmuls:
   the work. experiments/bench_moe.py measures it.
 - "tiles": each expert's rows padded to whole tiles of `tile` rows (at most T*k + min(E, T*k) * (tile - 1)
   rows: a static bound), one batched matmul over the tiles with each tile's expert weights gathered (copied).
+- "gmm": TPU's grouped matmul kernel (Pallas megablox `gmm`, the one MaxText's MoE runs): rows sorted by expert
+  as for "ragged", each expert's weight tiles loaded only for the row tiles of its group, so an expert no token
+  chose is never read. A TPU kernel: on another backend it runs in Pallas's interpreter (tests), slowly.
 - "all": every expert on every token, weighted by the (mostly zero) routing weights: the reference the
   sparse paths are tested against, and the benchmark's baseline. E/k times the routed work.
 
@@ -136,7 +139,7 @@ class Router:
                                   "groups kept")
 
 
-DISPATCHES = ("capacity", "ragged", "tiles", "all")
+DISPATCHES = ("capacity", "ragged", "tiles", "gmm", "all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +151,7 @@ class MoE:
 
     router: Router
     activation: Literal["silu", "gelu_tanh", "gelu"] = "silu"
-    dispatch: Literal["capacity", "ragged", "tiles", "all"] = "capacity"
+    dispatch: Literal["capacity", "ragged", "tiles", "gmm", "all"] = "capacity"
     capacity: int | None = None
     tile: int | None = None
 
@@ -261,6 +264,8 @@ def routed_sparse(moe: MoE, experts: dict, x: Float[Array, "T D"], idx: Int[Arra
         rows = x[pairs.order // k]  # [T*k, D]: the token of each pair, in expert order
         if moe.dispatch == "ragged":
             out = _grouped_ragged(moe.activation, experts, rows, pairs.sizes)
+        elif moe.dispatch == "gmm":
+            out = _grouped_gmm(moe.activation, experts, rows, pairs.sizes)
         else:
             out = _grouped_tiles(moe.activation, experts, rows, pairs.key[pairs.order], pairs.rank, pairs.sizes, tile)
         per_pair = out[pairs.inverse]  # back in (token, slot) order
@@ -274,6 +279,34 @@ def _grouped_ragged(activation: str, experts: dict, rows: Float[Array, "R D"], s
     act = ACTIVATIONS[activation]
     grouped = lambda a, name: jax.lax.ragged_dot(a, experts[name].astype(rows.dtype), sizes)  # noqa: E731
     return grouped(act(grouped(rows, "gate_proj")) * grouped(rows, "up_proj"), "down_proj")
+
+
+GMM_TILE = 128  # megablox's row / contraction / output tile (its default)
+
+
+def _grouped_gmm(activation: str, experts: dict, rows: Float[Array, "R D"], sizes: Int[Array, "E"]
+                 ) -> Float[Array, "R D"]:
+    """_grouped_ragged with Pallas megablox `gmm` (TPU; elsewhere its interpreter): rows padded to whole row tiles;
+    rows of no group here come out 0."""
+    from jax.experimental.pallas.ops.tpu.megablox import gmm
+
+    from localleap_jax.attention import platform
+
+    act = ACTIVATIONS[activation]
+    R = rows.shape[0]
+    m = -(-R // GMM_TILE) * GMM_TILE if R > GMM_TILE else -(-R // 8) * 8
+    padded = jnp.pad(rows, ((0, m - R), (0, 0)))
+    interpret = platform() != "tpu"
+
+    def grouped(a, name):
+        w = experts[name].astype(rows.dtype)
+        tiling = (min(GMM_TILE, m), min(GMM_TILE, w.shape[1]), min(GMM_TILE, w.shape[2]))
+        return gmm(a, w, sizes.astype(jnp.int32), preferred_element_type=rows.dtype, tiling=tiling,
+                   interpret=interpret)
+
+    out = grouped(act(grouped(padded, "gate_proj")) * grouped(padded, "up_proj"), "down_proj")
+    grouped_rows = jnp.arange(m) < jnp.sum(sizes)  # past the groups: left unwritten by the kernel
+    return jnp.where(grouped_rows[:, None], out, jnp.zeros((), out.dtype))[:R]
 
 
 def default_tile(rows: int, experts: int) -> int:

@@ -27,6 +27,12 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # to its own XLA_FLAGS); benchmarks and users never see it. A caller's XLA_FLAGS win.
 TEST_XLA_FLAGS = "--xla_llvm_disable_expensive_passes=true --xla_backend_optimization_level=0"
 os.environ.setdefault("XLA_FLAGS", TEST_XLA_FLAGS)
+# With libtpu installed (the [tpu-aot] extra, for the tests that compile for a TPU topology) JAX would look for TPU
+# chips at start-up, fail with a page of libtpu errors and fall back to the CPU: the suite runs on the CPU, say so.
+import importlib.util  # noqa: E402
+
+if importlib.util.find_spec("libtpu") is not None:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest
 from hypothesis import settings

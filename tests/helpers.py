@@ -45,6 +45,54 @@ def tiny_hf_config(vocab: int, mask_id: int, eos_id: int, **overrides) -> dict:
     return cfg
 
 
+def tiny_family_configs(vocab: int = 300, wide: bool = False) -> dict:
+    """Every family's network at a tiny size, as ModelConfigs (no weights, no tokenizer): LLaDA, Dream, SDAR, Fast-dLLM
+    v2, LLaDA2 and LLaDA-MoE (MoE), DiffusionGemma (the sizes its own tests use). Mask id vocab - 50, EOS vocab - 49.
+    `wide`: the same layers, heads and experts with wider matrices (hidden 256 (Dream 224), MLP 512, experts 128), so
+    that a pass's bytes are mostly weights, as in the released models (at hidden 32-112 a block's activations weigh as
+    much as the weights)."""
+    from localleap_jax.families import read_config
+
+    mask, eos = vocab - 50, vocab - 49
+    d, f, e = (256, 512, 128) if wide else (None, None, None)
+    wider = (lambda **sizes: sizes) if wide else (lambda **sizes: {})  # noqa: E731
+    moe = {"vocab_size": vocab, "hidden_size": d or 32, "num_hidden_layers": 3, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "num_experts": 8, "num_experts_per_tok": 3, "tie_word_embeddings": False,
+           "rope_scaling": None, "mask_token_id": mask, "eos_token_id": eos, "pad_token_id": eos}
+    text = dict(vocab_size=vocab, hidden_size=d or 32, intermediate_size=f or 48, num_hidden_layers=5,
+                num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, global_head_dim=16, num_global_key_value_heads=1, sliding_window=5,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                             "full_attention"],
+                num_experts=6, top_k_experts=2, moe_intermediate_size=e or 16, max_position_embeddings=512,
+                eos_token_id=0, pad_token_id=0, bos_token_id=1)
+    vision = dict(model_type="gemma4_vision", hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                  num_attention_heads=2, num_key_value_heads=2, head_dim=8, position_embedding_size=16)
+    hf = {
+        "llada": tiny_hf_config(vocab, mask, eos, **wider(d_model=d, mlp_hidden_size=f)),
+        "dream": tiny_dream_config(vocab, mask, eos, **wider(hidden_size=224, intermediate_size=f)),
+        "sdar": tiny_sdar_config(vocab, eos, mask_token_id=mask, block_size=4, **wider(hidden_size=d, intermediate_size=f)),
+        "fast_dllm_v2": tiny_dream_config(vocab, mask, eos, model_type="Fast_dLLM_Qwen",
+                                          architectures=["Fast_dLLM_QwenForCausalLM"], bd_size=8,
+                                          **wider(hidden_size=224, intermediate_size=f)),
+        "llada2": {**moe, "model_type": "llada2_moe", "architectures": ["LLaDA2MoeModelLM"], "head_dim": 16,
+                   "partial_rotary_factor": 0.5, "rotary_dim": 8, "rope_theta": 600000.0, "rms_norm_eps": 1e-6,
+                   "intermediate_size": f or 48, "moe_intermediate_size": e or 8, "n_group": 4, "topk_group": 2,
+                   "routed_scaling_factor": 2.5, "num_shared_experts": 1, "first_k_dense_replace": 1,
+                   "use_bias": False, "use_qkv_bias": False, "norm_head": False, "score_function": "sigmoid",
+                   "norm_topk_prob": True},
+        "llada_moe": {**moe, "model_type": "llada", "architectures": ["LLaDAMoEModelLM"], "rms_norm_eps": 1e-5,
+                      "rope_theta": 50000.0, "partial_rotary_factor": 1.0, "dense_intermediate_size": f or 48,
+                      "expert_intermediate_size": e or 8, "shared_expert_intermediate_size": None,
+                      "moe_layer_freq": [0, 1, 1], "qk_layernorm": True, "moe_router_enable_expert_bias": False,
+                      "norm_topk_prob": False, "routed_scaling_factor": 1, "attention_bias": False, "clip_qkv": None},
+        "diffusion_gemma": {"architectures": ["DiffusionGemmaForBlockDiffusion"], "model_type": "diffusion_gemma",
+                            "canvas_length": 8, "image_token_id": 290, "tie_word_embeddings": True,
+                            "text_config": {"model_type": "diffusion_gemma_text", **text}, "vision_config": vision},
+    }
+    return {name: read_config(cfg) for name, cfg in hf.items()}
+
+
 def random_llada_tensors(cfg: dict, seed: int = 0, head_scale: float = 1.0) -> dict:
     """LLaDA-named torch tensors (fp32). `head_scale` sharpens the output so confidences spread over (0, 1)."""
     import torch

@@ -1,4 +1,5 @@
-"""experiments/gpu_report.py runs every section on CPU at a small shape and writes a report whose ratios are real."""
+"""experiments/gpu_report.py runs every section on CPU at a small shape and writes a report whose ratios are real, and
+the decoder's own memory from a process that never built the PyTorch twin."""
 
 import json
 import math
@@ -32,3 +33,10 @@ def test_the_gpu_report_measures_every_section_and_writes_finite_ratios(tmp_path
         assert r["rows_agree"] == 1  # fp32 on CPU: both sides decode the same tokens
         assert r["jax_passes"] == r["fast_dllm_passes"] == (4 if r["strategy"] == "low_confidence" else r["jax_passes"])
     assert set(report["memory"]) == {"jax_peak_bytes", "torch_peak_bytes"}
+    # The decoder's own memory, measured in a process that never imported torch (so never built the twin)
+    decoder = report["decoder_memory"]
+    assert decoder["torch_imported"] is False
+    assert [r["cache"] for r in decoder["rows"]] == ["none", "prefix", "dual"]
+    assert decoder["param_bytes"] == pytest.approx(report["params"] * 4, rel=1e-3)  # fp32 on the CPU
+    assert all(r["program_bytes"] >= decoder["param_bytes"] for r in decoder["rows"])  # each program holds them
+    assert decoder["peak_source"] == "host peak RSS" and decoder["peak_bytes"] > decoder["param_bytes"]

@@ -300,7 +300,7 @@ def test_sparse_dispatch_equals_all_experts():
     small = x[:3]
     idx, w = route(router, small, p["gate"]["kernel"], p["expert_bias"])
     reference = routed_all("silu", p["experts"], small, idx, w)
-    for dispatch in ("capacity", "ragged", "tiles"):
+    for dispatch in ("capacity", "ragged", "tiles", "gmm"):  # gmm: TPU's kernel, in Pallas's interpreter here
         y = routed_sparse(MoE(router, dispatch=dispatch), p["experts"], small, idx, w)
         np.testing.assert_allclose(np.asarray(y), np.asarray(reference), rtol=1e-6, atol=1e-6 * scale)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Callable, Hashable, Protocol
+from typing import Any, Callable, Hashable, NamedTuple, Protocol
 
 import jax
 import numpy as np
@@ -183,14 +183,26 @@ def decoding_denoiser(model, cfg: DecodeConfig):
     return model.denoiser
 
 
-def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,
-        placement: Placement = OneDevice(), trace: bool = False, slots: int | None = None,
-        canvas_noise=None) -> Generation:
-    """Decode left-padded prompts (ids [B, Lp], mask [B, Lp]) with one compiled loop on `placement`: all B rows at
-    once, or, with `slots=S < B`, S rows at a time, each finished row's slot taking the next prompt inside the
-    loop (decode/slots.py; on several data shards, ceil(S / shards) slots per shard). Outputs are in prompt
-    order either way, and a prompt's tokens do not depend on which. `canvas_noise` [B, J, N + 1, C] (a canvas
-    rule, one device): the uniform draws, supplied, one per prompt (decode/draws.py)."""
+class Program(NamedTuple):
+    """One generation program, assembled on the host before anything is placed: what `run` compiles and runs, and
+    what `ll.lower_generate` lowers from shapes alone."""
+
+    loop_fn: Callable  # (denoiser, ids, mask, key, rule, draws) -> LoopOutput
+    denoiser: Any  # the model's denoiser (not yet placed)
+    inputs: tuple  # host arrays: (ids, mask, key, rule rows, draws), `rows` rows
+    kind: str  # names the program in compile_cache.compiled_programs()
+    key: Hashable  # what the compiled program depends on besides the denoiser's and inputs' shapes
+    loop: LoopSettings
+    batch: int  # B: prompt rows asked for (after bucketing)
+    prompt_length: int  # P: the bucketed prompt length the program runs
+    pad: int  # columns of left padding the bucket added
+    per_shard: int | None  # slots per data shard (None: all rows at once)
+
+
+def assemble(model, ids, mask, cfg: DecodeConfig, rng, *, placement: Placement, trace: bool = False,
+             slots: int | None = None, canvas_noise=None) -> Program:
+    """Inputs checked and bucketed, the rule's rows and draws made, the loop's settings chosen: the program `run`
+    runs, before `placement` puts anything on a device."""
     missing = [a for a in ("config", "denoiser", "special") if not hasattr(model, a)]
     if missing:
         raise DecodeError(f"generate takes a model with config, denoiser and special (an ll.Model from ll.load); "
@@ -214,13 +226,29 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
     # masked rule's sampling key is per batch (each data shard its own); greedy decoding draws nothing: no key.
     draws = jax.tree.map(lambda a: pad_rows(a, rows), prompt_draws(rng, B, noise)) if cfg.traits.canvas else None
     key = rng if cfg.draws and draws is None else None
-    denoiser, inputs = placement.place(decoding_denoiser(model, cfg), pad_rows(ids_b, rows), pad_rows(mask_b, rows), key,
-                                       rule_rows, draws)
     loop_fn = (functools.partial(decode_loop, loop=loop, special=special) if per_shard is None else
                functools.partial(decode_slots, loop=loop, special=special, slots=per_shard))
-    program_key: Hashable = (placement, loop, special, per_shard, signature(denoiser), signature(inputs))
     kind = placement.kind if per_shard is None else f"{placement.kind}/slots"
-    compiled, compile_s = compile_once(kind, program_key, lambda: placement.lower(loop_fn, denoiser, inputs),
+    return Program(loop_fn, decoding_denoiser(model, cfg),
+                   (pad_rows(ids_b, rows), pad_rows(mask_b, rows), key, rule_rows, draws), kind,
+                   (placement, loop, special, per_shard), loop, B, P, pad, per_shard)
+
+
+def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,
+        placement: Placement = OneDevice(), trace: bool = False, slots: int | None = None,
+        canvas_noise=None) -> Generation:
+    """Decode left-padded prompts (ids [B, Lp], mask [B, Lp]) with one compiled loop on `placement`: all B rows at
+    once, or, with `slots=S < B`, S rows at a time, each finished row's slot taking the next prompt inside the
+    loop (decode/slots.py; on several data shards, ceil(S / shards) slots per shard). Outputs are in prompt
+    order either way, and a prompt's tokens do not depend on which. `canvas_noise` [B, J, N + 1, C] (a canvas
+    rule, one device): the uniform draws, supplied, one per prompt (decode/draws.py)."""
+    program = assemble(model, ids, mask, cfg, rng, placement=placement, trace=trace, slots=slots,
+                       canvas_noise=canvas_noise)
+    B, P, pad, loop = program.batch, program.prompt_length, program.pad, program.loop
+    denoiser, inputs = placement.place(program.denoiser, *program.inputs)
+    program_key: Hashable = (*program.key, signature(denoiser), signature(inputs))
+    compiled, compile_s = compile_once(program.kind, program_key,
+                                       lambda: placement.lower(program.loop_fn, denoiser, inputs),
                                        shapes=tuple(np.shape(a) for a in jax.tree.leaves(inputs)))
     t0 = time.perf_counter()
     out = placement.fetch(compiled(denoiser, *inputs), B)  # waits for the device
@@ -230,13 +258,15 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
     # canvas has no masks: its rule's bound (max_denoising_steps a canvas) always lets a row finish.
     hit_bound = (np.zeros(B, bool) if loop.traits.canvas else
                  np.any(np.asarray(out.x)[:, P:] == model.special.mask, axis=1))
+    rule = cfg.rule
+    shards = placement.rows(1)
     return Generation(tokens=out.x[:, pad:], nfe=out.nfe, forward_passes=out.passes, full_passes=out.full_passes,
                       prompt_length=P - pad, seconds=seconds, compile_seconds=compile_s,
                       trace=loop.recorder.to_host(out.record, out.x, out.nfe, P, rule.clause_names,
                                                   loop.traits.remask_names, loop.traits.edit_names),
                       hit_bound=hit_bound, remasks=None if isinstance(out.remasks, tuple) else out.remasks,
                       edits=None if isinstance(out.edits, tuple) else out.edits,
-                      slots=rows if per_shard is None else per_shard * shards)
+                      slots=placement.rows(B) if program.per_shard is None else program.per_shard * shards)
 
 
 def generate(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,

@@ -100,10 +100,26 @@ class DataModelMesh(_OnDataModelMesh):
     def place(self, denoiser, ids, mask, key, rule, draws):
         denoiser = denoiser.replace(params=_params_on(denoiser.params, self.mesh))
         batch = NamedSharding(self.mesh, P(DATA))
-        keys = None if key is None else np.asarray(jax.random.key_data(jax.random.split(key, self.mesh.shape[DATA])))
         put = lambda a: _global(np.asarray(a), batch)  # noqa: E731
+        keys = self._shard_keys(key)
         return denoiser, (put(ids), put(mask), None if keys is None else put(keys), jax.tree.map(put, rule),
                           jax.tree.map(put, draws))
+
+    def shapes(self, denoiser, ids, mask, key, rule, draws):
+        """What `place` gives, as shapes with their shardings and no arrays: the denoiser's (possibly abstract)
+        parameters split as `param_shardings` says, the rows over "data". For lowering where the devices are only
+        described (a TPU topology on another host)."""
+        params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=s),
+                              denoiser.params, param_shardings(denoiser.params, self.mesh))
+        batch = NamedSharding(self.mesh, P(DATA))
+        put = lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=batch)  # noqa: E731
+        keys = self._shard_keys(key)
+        return denoiser.replace(params=params), (put(ids), put(mask), None if keys is None else put(keys),
+                                                 jax.tree.map(put, rule), jax.tree.map(put, draws))
+
+    def _shard_keys(self, key):
+        """One sampling key per data shard (its key data), or None."""
+        return None if key is None else np.asarray(jax.random.key_data(jax.random.split(key, self.mesh.shape[DATA])))
 
     def lower(self, loop_fn, denoiser, inputs):
         def per_shard(den, shard_ids, shard_mask, shard_keys, shard_rule, shard_draws):
