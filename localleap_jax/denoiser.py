@@ -4,7 +4,8 @@ The loop is given these two things explicitly instead of reaching into a model, 
 (blocks, early stop, NFE, rule state, caches) can be tested with a stub in milliseconds, and another
 model family only has to provide a denoiser:
 
-    full(x, positions, key_mask)                     -> (hidden [B, L, D], cache)   a whole-canvas pass
+    full(x, positions, key_mask, soft=None)          -> (hidden [B, L, D], cache)   a whole-canvas pass (soft
+                                                         [B, L, D]: added to the token embeddings)
     window(tokens, positions, key_mask, cache, write) -> hidden [B, Q, D]           Q positions of the
                                                          canvas, other positions' K/V read from `cache`
     window_stored(...same...)                         -> (hidden, cache with the window's fresh K/V)
@@ -56,14 +57,15 @@ class Denoiser(Protocol):
     shift: int
     vocab: int
 
-    def full(self, x: Int[Array, "B L"], positions: Int[Array, "B L"], key_mask: Bool[Array, "B L"]
-             ) -> tuple[Float[Array, "B L D"], Any]: ...
+    def full(self, x: Int[Array, "B L"], positions: Int[Array, "B L"], key_mask: Bool[Array, "B L"],
+             soft: Float[Array, "B L D"] | None = None) -> tuple[Float[Array, "B L D"], Any]: ...
 
     def window(self, tokens: Int[Array, "B Q"], positions: Int[Array, "B Q"], key_mask: Bool[Array, "B L"],
-               cache: Any, write: CacheWrite) -> Float[Array, "B Q D"]: ...
+               cache: Any, write: CacheWrite, soft: Float[Array, "B Q D"] | None = None) -> Float[Array, "B Q D"]: ...
 
     def window_stored(self, tokens: Int[Array, "B Q"], positions: Int[Array, "B Q"], key_mask: Bool[Array, "B L"],
-                      cache: Any, write: CacheWrite) -> tuple[Float[Array, "B Q D"], Any]: ...
+                      cache: Any, write: CacheWrite, soft: Float[Array, "B Q D"] | None = None
+                      ) -> tuple[Float[Array, "B Q D"], Any]: ...
 
     def head(self, hidden: Float[Array, "... D"]) -> Float[Array, "... V"]: ...
 
@@ -136,14 +138,14 @@ class ModelDenoiser:
     def vocab(self) -> int:
         return self.config.embedding_size
 
-    def full(self, x, positions, key_mask):
-        return trunk(self.params, x, positions, key_mask, self.config)
+    def full(self, x, positions, key_mask, soft=None):
+        return trunk(self.params, x, positions, key_mask, self.config, soft)
 
-    def window(self, tokens, positions, key_mask, cache, write):
-        return trunk_cached(self.params, tokens, positions, key_mask, cache, write, self.config)
+    def window(self, tokens, positions, key_mask, cache, write, soft=None):
+        return trunk_cached(self.params, tokens, positions, key_mask, cache, write, self.config, soft)
 
-    def window_stored(self, tokens, positions, key_mask, cache, write):
-        return trunk_stored(self.params, tokens, positions, key_mask, cache, write, self.config)
+    def window_stored(self, tokens, positions, key_mask, cache, write, soft=None):
+        return trunk_stored(self.params, tokens, positions, key_mask, cache, write, self.config, soft)
 
     def head(self, hidden):
         return head(self.params, hidden, self.config)
@@ -177,18 +179,20 @@ class FunctionDenoiser:
     vocab: int = struct.field(pytree_node=False)
     shift: int = struct.field(pytree_node=False, default=0)
 
-    def full(self, x, positions, key_mask):
-        return self.logits_fn(x).astype(jnp.float32), x
+    def full(self, x, positions, key_mask, soft=None):  # the stub's "embedding" is the identity: soft adds to logits
+        logits = self.logits_fn(x).astype(jnp.float32)
+        return (logits if soft is None else logits + soft), x
 
-    def window(self, tokens, positions, key_mask, cache, write):
-        return self.window_stored(tokens, positions, key_mask, cache, write)[0]
+    def window(self, tokens, positions, key_mask, cache, write, soft=None):
+        return self.window_stored(tokens, positions, key_mask, cache, write, soft)[0]
 
-    def window_stored(self, tokens, positions, key_mask, cache, write):
+    def window_stored(self, tokens, positions, key_mask, cache, write, soft=None):
         Q = tokens.shape[1]
         at = write.start[:, None] + jnp.arange(Q)
         rows = jnp.arange(tokens.shape[0])[:, None]
         seen = cache.at[rows, at].set(jnp.where(write.fresh, tokens, cache[rows, at]))
-        return self.logits_fn(seen).astype(jnp.float32)[rows, at], seen
+        logits = self.logits_fn(seen).astype(jnp.float32)[rows, at]
+        return (logits if soft is None else logits + soft), seen
 
     def head(self, hidden):
         return hidden

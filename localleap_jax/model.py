@@ -290,8 +290,10 @@ class DiffusionLM(nn.Module):
         h, _ = self.trunk(tokens, positions, key_mask)
         return self.head(h)
 
-    def trunk(self, tokens, positions, key_mask, write=(), cache=(), mask=None):
+    def trunk(self, tokens, positions, key_mask, write=(), cache=(), mask=None, soft=None):
         x = self.wte(tokens)
+        if soft is not None:  # an input embedding from the decode loop, added to the tokens' (iteration smoothing)
+            x = x + soft.astype(x.dtype)
         if mask is None:
             mask = attention_mask(positions, key_mask, self.config.block_size)
         if len(self.stacks) == 1:
@@ -329,9 +331,11 @@ def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32) -> Param
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def trunk(params: Params, tokens: Int[Array, "B L"], positions: Int[Array, "B L"], key_mask: Bool[Array, "B L"],
-          config: ModelConfig) -> tuple[Float[Array, "B L D"], KVCache]:
-    """Hidden states before the final norm, and every layer's K/V (for a KV cache)."""
-    h, (k, v) = _module(params, config).apply({"params": params}, tokens, positions, key_mask, method=DiffusionLM.trunk)
+          config: ModelConfig, soft: Float[Array, "B L D"] | None = None) -> tuple[Float[Array, "B L D"], KVCache]:
+    """Hidden states before the final norm, and every layer's K/V (for a KV cache). `soft`: added to the token
+    embeddings (an input embedding from the decode loop; None: none)."""
+    h, (k, v) = _module(params, config).apply({"params": params}, tokens, positions, key_mask, soft=soft,
+                                              method=DiffusionLM.trunk)
     return h, KVCache(k, v)
 
 
@@ -348,22 +352,22 @@ def trunk_masked(params: Params, tokens: Int[Array, "B L"], positions: Int[Array
 @functools.partial(jax.jit, static_argnames=("config",))
 def trunk_cached(params: Params, tokens: Int[Array, "B Q"], positions: Int[Array, "B Q"],
                  key_mask: Bool[Array, "B L"], cache: KVCache, write: CacheWrite,
-                 config: ModelConfig) -> Float[Array, "B Q D"]:
+                 config: ModelConfig, soft: Float[Array, "B Q D"] | None = None) -> Float[Array, "B Q D"]:
     """Hidden states for a window of Q canvas positions whose queries attend over all L keys:
     this step's K/V where `write.fresh`, the cache's everywhere else."""
     h, _ = _module(params, config).apply({"params": params}, tokens, positions, key_mask, write,
-                                         (cache.k, cache.v), method=DiffusionLM.trunk)
+                                         (cache.k, cache.v), soft=soft, method=DiffusionLM.trunk)
     return h
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def trunk_stored(params: Params, tokens: Int[Array, "B Q"], positions: Int[Array, "B Q"],
                  key_mask: Bool[Array, "B L"], cache: KVCache, write: CacheWrite,
-                 config: ModelConfig) -> tuple[Float[Array, "B Q D"], KVCache]:
+                 config: ModelConfig, soft: Float[Array, "B Q D"] | None = None) -> tuple[Float[Array, "B Q D"], KVCache]:
     """`trunk_cached`, and the cache with the window's fresh K/V written into it (block diffusion keeps a
     finished block's K/V: they never change)."""
     h, (k, v) = _module(params, config).apply({"params": params}, tokens, positions, key_mask, write,
-                                              (cache.k, cache.v), method=DiffusionLM.trunk)
+                                              (cache.k, cache.v), soft=soft, method=DiffusionLM.trunk)
     store = jax.vmap(_write_window, in_axes=(0, 0, None))  # over layers
     return h, KVCache(store(cache.k, k, write), store(cache.v, v, write))
 
