@@ -11,6 +11,9 @@ model family only has to provide a denoiser:
     window_stored(...same...)                         -> (hidden, cache with the window's fresh K/V)
     head(hidden)                                      -> logits [..., V] (fp32)
     empty_cache(batch, length)                        -> the cache's initial value
+    soft_embedding(logits [B, Q, V])                  -> [B, Q, D] softmax(logits) @ E: the embedding a distribution
+                                                         expects (dInfer's iteration smoothing feeds it back as `soft`)
+    no_soft(batch, length)                            -> zeros [B, length, D] (no soft input), the embedding's dtype
     probe(x, positions, key_mask, idx, mask_id)       -> (hidden [B, L, D], held_out [B, T, D]): a whole-canvas
                                                          pass that also scores positions idx [B, T] each with
                                                          itself hidden, in the same forward pass (WINO)
@@ -44,13 +47,17 @@ class SpecialIds:
     eos: int
     eot: int | None  # end of turn (LLaDA <|eot_id|>, Dream <|im_end|>); None when the tokenizer has none
     vocab_limit: int | None = None  # ids >= this are never predicted (the tokenizer cannot decode them)
+    delete: int | None = None  # LLaDA2.2's edit tokens (config.json), which its insert/delete decoder writes
+    split: int | None = None
 
     @classmethod
     def of(cls, config: ModelConfig, tokenizer=None) -> "SpecialIds":
-        """A model's special ids: mask and EOS from its config, EOT and the decodable ids from its tokenizer."""
+        """A model's special ids: mask, EOS and the edit tokens from its config, EOT and the decodable ids from its
+        tokenizer."""
+        edit = (config.delete_token_id, config.split_token_id)
         if tokenizer is None:
-            return cls(config.mask_token_id, config.eos_token_id, None, None)
-        return cls(config.mask_token_id, config.eos_token_id, tokenizer.eot_id, tokenizer.vocab_size)
+            return cls(config.mask_token_id, config.eos_token_id, None, None, *edit)
+        return cls(config.mask_token_id, config.eos_token_id, tokenizer.eot_id, tokenizer.vocab_size, *edit)
 
 
 class Denoiser(Protocol):
@@ -70,6 +77,10 @@ class Denoiser(Protocol):
     def head(self, hidden: Float[Array, "... D"]) -> Float[Array, "... V"]: ...
 
     def empty_cache(self, batch: int, length: int) -> Any: ...
+
+    def soft_embedding(self, logits: Float[Array, "B Q V"]) -> Float[Array, "B Q D"]: ...
+
+    def no_soft(self, batch: int, length: int) -> Float[Array, "B Q D"]: ...
 
     def probe(self, x: Int[Array, "B L"], positions: Int[Array, "B L"], key_mask: Bool[Array, "B L"],
               idx: Int[Array, "B T"], mask_id: int) -> tuple[Float[Array, "B L D"], Float[Array, "B T D"]]: ...
@@ -165,6 +176,15 @@ class ModelDenoiser:
         dtype = self.params["wte"]["embedding"].dtype
         return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
+    def soft_embedding(self, logits):
+        # dInfer's H2Embed at tau 1: the softmax in fp32, the product with the table accumulated in fp32
+        table = self.params["wte"]["embedding"]
+        probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(table.dtype)
+        return jnp.einsum("bqv,vd->bqd", probs, table, preferred_element_type=jnp.float32).astype(table.dtype)
+
+    def no_soft(self, batch, length):
+        return jnp.zeros((batch, length, self.config.d_model), self.params["wte"]["embedding"].dtype)
+
 
 @struct.dataclass
 class FunctionDenoiser:
@@ -199,6 +219,12 @@ class FunctionDenoiser:
 
     def empty_cache(self, batch, length):
         return jnp.zeros((batch, length), jnp.int32)
+
+    def soft_embedding(self, logits):  # the stub's hidden states are logits: its embedding table is the identity
+        return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+
+    def no_soft(self, batch, length):
+        return jnp.zeros((batch, length, self.vocab), jnp.float32)
 
     def probe(self, x, positions, key_mask, idx, mask_id):
         # The stub has no attention: position idx[j] hidden is the canvas with that position masked.

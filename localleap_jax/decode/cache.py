@@ -22,6 +22,15 @@ None). A new mode is a new policy object here; the loop never branches on which 
   encoder   a uniform-noise canvas model's (DiffusionGemma): the encoder's exact K/V of the prompt and each
           finished canvas (encoded by the row's first pass in the next canvas); the decoder runs the canvas alone,
           with the self-conditioning input the policy carries from pass to pass (`carry`).
+  none+soft   (a rule with soft_input: dInfer's iteration smoothing) every pass runs the whole canvas with the input
+          embedding the policy carries from pass to pass (`carry`), added to the token embeddings of the generated
+          region; the pass reports the whole generated region (the soft input needs its distribution).
+
+A soft input is one mechanism for both policies that carry one: after a pass, `carry(denoiser, state, logits,
+weight)` keeps weight * denoiser.soft_embedding(logits) (the embedding the pass's distribution expects, in the
+denoiser's own form: DiffusionGemma's scaled by sqrt(D), a masked LM's softmax(logits) @ E) for the next pass, and
+the next pass hands it to the denoiser, which takes it its own way (DiffusionGemma's decoder through its
+self-conditioning block, a masked LM added to its token embeddings).
 
 With Fast-dLLM's caches (prefix, dual) the rows advance through blocks together (`advances`), so one
 full-canvas refresh per block serves the whole batch. The cost: a row that fills its block early waits (no commits, no NFE) while
@@ -331,6 +340,34 @@ class SubBlockCache(BlockCache):
 
 
 @dataclasses.dataclass(frozen=True)
+class SoftNoCache(NoCache):
+    """Every pass runs the whole canvas with a soft input added to the generated region's token embeddings, the one
+    the previous pass left (`carry`; none before a row's first pass); rows advance on their own. The state is that
+    input, [B, G, D] in the embedding's dtype (G x D x 2 bytes a row in bf16: 2 MB at G 256, D 4096). Its pass
+    reports the hidden states of the whole generated region, whose logits make the next input."""
+
+    name: ClassVar[str] = "none+soft"
+
+    def init(self, denoiser, canvas):
+        return denoiser.no_soft(canvas.batch, canvas.length - canvas.prompt_length)
+
+    def refill(self, denoiser, canvas, state, rows):
+        return jnp.where(rows[:, None, None], jnp.zeros((), state.dtype), state)
+
+    def forward(self, denoiser, canvas, x, block, state, refresh, want_region, done):
+        P = canvas.prompt_length
+        soft = jnp.concatenate([jnp.zeros((canvas.batch, P, state.shape[-1]), state.dtype), state], axis=1)
+        h_all, _ = denoiser.full(x, canvas.positions, canvas.key_mask, soft)
+        return Hidden(*_from_full(h_all, canvas, block, True), state)
+
+    def carry(self, denoiser, state, logits: Float[Array, "B G V"], weight: Float[Array, "B G"]):
+        """The next pass's input: weight x the embedding this pass's distribution expects, at each generated
+        position (weight 0: none)."""
+        soft = denoiser.soft_embedding(logits)
+        return (weight[..., None].astype(soft.dtype) * soft).astype(state.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
 class ProbedNoCache(NoCache):
     """Every pass runs the whole canvas and, in the same forward pass, a probe copy of the block
     (`Denoiser.probe`): hidden states that score each block position with that position hidden (WINO's
@@ -399,16 +436,18 @@ class CanvasEncoderCache:
         state = jax.lax.cond(refresh, encode_finished, lambda st: st, state)
         return Hidden(denoiser.decode(state.encoder, block.tokens, state.soft), None, state)
 
-    def carry(self, denoiser, state: CanvasCacheState, scaled: Float[Array, "B C V"], finished: Bool[Array, "B"]
+    def carry(self, denoiser, state: CanvasCacheState, scaled: Float[Array, "B C V"], weight: Float[Array, "B C"]
               ) -> CanvasCacheState:
         """The state for the next pass: each row's self-conditioning input from this pass's temperature-scaled
-        logits, none where the row's canvas just finished."""
-        soft = jnp.where(finished[:, None, None], jnp.zeros((), state.soft.dtype), denoiser.soft_embedding(scaled))
+        logits, weight 1 (none, weight 0, where the row's canvas just finished)."""
+        soft = denoiser.soft_embedding(scaled)
+        soft = jnp.where(weight[..., None] > 0, weight[..., None].astype(soft.dtype) * soft, jnp.zeros((), soft.dtype))
         return state._replace(soft=soft.astype(state.soft.dtype))
 
 
 CACHE_POLICIES: dict[str, CachePolicy] = {p.name: p for p in (NoCache(), PrefixCache(), DualCache(), BlockCache(),
                                                                SubBlockCache(), CanvasEncoderCache())}
+# (ProbedNoCache and SoftNoCache are "none" as the rule that needs one runs it: chosen by DecodeConfig.loop_settings.)
 # The modes that fit each kind of attention: Fast-dLLM's caches approximate a bidirectional model; the block
 # cache is exact only where attention is block-causal (and there "none" recomputes the same K/V every pass).
 BIDIRECTIONAL_CACHES = ("none", "prefix", "dual")

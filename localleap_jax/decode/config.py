@@ -16,7 +16,7 @@ import numpy as np
 
 from localleap_jax import rules
 from localleap_jax.decode.cache import (BIDIRECTIONAL_CACHES, BLOCK_CAUSAL_CACHES, CACHE_MODES, CACHE_POLICIES,
-                                       CANVAS_CACHES, ProbedNoCache, SubBlockCache)
+                                       CANVAS_CACHES, ProbedNoCache, SoftNoCache, SubBlockCache)
 from localleap_jax.decode.canvas import grid_tail
 from localleap_jax.decode.loop import LoopSettings
 from localleap_jax.decode.recorder import NoRecorder, TraceRecorder
@@ -221,6 +221,14 @@ class DecodeConfig:
             raise DecodeError(f"{name} ends each row's block itself (passes after its last mask), so rows advance on "
                               f"their own: use cache 'none' (a bidirectional model) or 'block' / 'none' (a "
                               f"block-diffusion model), not '{mode}' (its rows advance through blocks together)")
+        if self.traits.soft_input:
+            if grid:
+                raise DecodeError(f"{name} feeds each pass the previous pass's distribution over the whole canvas "
+                                  "(iteration smoothing, dInfer's bidirectional path); this model is block-causal: use "
+                                  "it on a bidirectional model (LLaDA, LLaDA-MoE, Dream)")
+            if mode != "none":
+                raise DecodeError(f"{name} feeds each pass an input embedding over the whole canvas: use cache 'none' "
+                                  f"(what 'auto' picks), not '{mode}' (a cached pass recomputes only part of it)")
         if region != "block" or probes:
             if grid:
                 raise DecodeError(f"{name} works on a bidirectional model's canvas; this model is block-causal")
@@ -256,13 +264,14 @@ class DecodeConfig:
     def loop_settings(self, trace: bool = False, model=None) -> LoopSettings:
         """The compile-time part, assembled: the canvas, how logits are scored, the rule's traits and the loop's
         pieces (for `model`, a ModelConfig: its attention decides the block grid and what cache "auto" means).
-        The cache policy is chosen here and only here: the probed pass when the rule probes, else the cache mode's
+        The cache policy is chosen here and only here: the probed pass when the rule probes, the pass with a soft input
+        when the rule feeds one, else the cache mode's
         (a canvas rule's: the encoder cache; its rows end on the model's EOS ids)."""
         S = self.sub_blocks(model)
         S = S if 0 < S < self.block_length else 0
         mode = self.cache_mode(model)
-        cache = (ProbedNoCache() if self.traits.probes else SubBlockCache(S) if mode == "subblock"
-                 else CACHE_POLICIES[mode])
+        cache = (ProbedNoCache() if self.traits.probes else SoftNoCache() if self.traits.soft_input
+                 else SubBlockCache(S) if mode == "subblock" else CACHE_POLICIES[mode])
         grid = bool(model is not None and model.block_causal)
         if self.traits.canvas and model is None:
             raise DecodeError(f"{self.rule.name} is a canvas rule: its loop needs the model (its EOS ids)")
