@@ -133,6 +133,7 @@ class CreditDecoder(ThresholdDecoder):
 class HierarchyDecoder:
     threshold: float | None = None
     low_threshold: float | None = 0.4
+    segment_only: int = 0  # commits by a segment's maximum alone: not > threshold, not the best (tests decide their case)
 
     def block_start(self):
         pass
@@ -158,9 +159,14 @@ class HierarchyDecoder:
                 top &= confidence[i:j] > self.low_threshold
             commit[i:j] |= top
             i = j
+        by_segment = commit.clone()
         if threshold is not None:
             commit |= confidence > threshold
-        commit[int(torch.argmax(confidence))] = True
+        best = int(torch.argmax(confidence))
+        commit[best] = True
+        others = by_segment & masked & ~(confidence > threshold if threshold is not None else False)
+        others[best] = False
+        self.segment_only += int(others.sum())
         return x0, commit & masked
 
 
