@@ -244,7 +244,7 @@ def generate(logits_fn: LogitsFn | None, prompt: Sequence[int] | np.ndarray, *, 
                 iter_threshold = None
                 if smoothing is None:
                     end = length if layout == "bidirectional" else hi
-                    logits_all = torch.as_tensor(np.asarray(logits_fn(x[None, :end].copy()))[0])
+                    logits_all = torch.as_tensor(np.array(logits_fn(x[None, :end].copy()))[0])
                 else:
                     iter_threshold = max(1 - t * smoothing.threshold_decay, decoder.threshold)
                     weight = min(smoothing.cont_weight_init + smoothing.cont_weight_growth * t, smoothing.cont_weight)

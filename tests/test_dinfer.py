@@ -72,6 +72,28 @@ def llada(sharp_checkpoint):
                   "bidirectional", embeds_fn, table)
 
 
+@pytest.fixture(scope="module")
+def dream(dream_hf_checkpoint, dream_converted):
+    """The tiny Dream checkpoint (its logits lag one position) and transformers' Qwen2 with the same weights; the
+    oracle's logits at position i are those that predict i (Dream's shift applied), so smoothing's soft input at a
+    masked position comes from the distribution over what it holds, as here."""
+    from oracles.bidirectional import qwen2_from_dream
+
+    _, cfg, tensors = dream_hf_checkpoint
+    net = qwen2_from_dream(cfg, tensors)
+    table = net.get_input_embeddings().weight.detach()
+
+    @torch.no_grad()
+    def embeds_fn(embeds):
+        L = embeds.shape[1]
+        raw = net(inputs_embeds=embeds, attention_mask=torch.ones(1, 1, L, L, dtype=torch.bool),
+                  position_ids=torch.arange(L)[None]).logits
+        return torch.cat([raw[:, :1], raw[:, :-1]], dim=1)
+
+    return Family(ll.load(dream_converted, dtype="float32"),
+                  lambda ids: embeds_fn(table[torch.as_tensor(ids)]).numpy(), "bidirectional", embeds_fn, table)
+
+
 def _convert(tmp_path_factory, name, cfg, tensors, tok):
     from localleap_jax.convert_hf import convert
 
@@ -144,6 +166,8 @@ CASES = {
                                                          cont_weight_init=[0.15, 0.5, 0.3])),
     "moe-smooth-8": ("moe", "smooth", 8, 16, 8, dict(threshold=[0.3, 0.5, 0.2], cont_weight=[0.3, 2.0, 1.0],
                                                      cont_weight_init=[0.15, 1.0, 0.6])),
+    "dream-smooth-4": ("dream", "smooth", 4, 8, 4, dict(threshold=[0.3, 0.5, 0.2], cont_weight=[0.3, 2.0, 1.0],
+                                                        cont_weight_init=[0.15, 1.0, 0.6])),
     "llada2-credit-8": ("llada2", "credit", 8, 12, 0, dict(threshold=[0.99, 0.999, 0.9], credit_alpha=[0.7, 1.5, 0.7],
                                                            boost_gamma=[1.0, 0.5, 0.2])),
     "llada2-hierarchy-4": ("llada2", "hierarchy", 4, 12, 4, dict(threshold=[0.5, 0.9, 0.3],
