@@ -325,3 +325,47 @@ def test_refusals_in_one_line(llada, llada2):
                                    ("smooth", "auto", llada)):
         cfg = ll.DecodeConfig(strategy=strategy, gen_length=16, block_length=4, cache=cache).validate(model.model.config)
         assert cfg.cache_mode(model.model.config) == {"auto": "block" if model is llada2 else "none"}.get(cache, cache)
+
+
+def test_dinfers_threshold_rule_in_the_loop_by_hand():
+    """dInfer's threshold rule as the loop runs it (credit with credit_alpha 0 decides on the raw logits; smooth with
+    its weights 0 and threshold_decay 0 is the plain rule), on a stub whose block 2..5 (prompt [1, 2]) predicts
+    10 (0.9), 11 (0.899995), 12 (0.8) and, at 5, the mask id (0.96; 13 at 0.03 the runner-up), threshold 0.95:
+      pass 1: candidates 2, 3, 4 (5's argmax is the mask: not one); bound = 0.9 - 1e-5: 2 and 3 ("best", the band)
+      pass 2: 4 ("best")
+      pass 3: no candidate (dInfer would loop forever): the loop commits its most confident mask, 5, with its
+              prediction without the mask id, 13 ("forced")
+    hierarchy (low 0.4, threshold 0.95) on the same canvas: pass 1: one segment 2..5 whose maximum is 5 (0.96, the
+    mask id: a no-op), the block's best is 5 too: nothing changes, the loop forces 2 (0.9); pass 2: segments 3..5,
+    same; it forces 3; then 4; then 5 (13): 4 passes."""
+    import jax.numpy as jnp
+
+    from localleap_jax.config import ModelConfig
+    from localleap_jax.denoiser import FunctionDenoiser
+    from stubs import StubModel
+
+    V, MASK = 20, 19
+    table = {2: {10: 0.9}, 3: {11: 0.899995}, 4: {12: 0.8}, 5: {MASK: 0.96, 13: 0.03}}
+    rows = []
+    for j in range(6):
+        dist = table.get(j, {5: 0.3})
+        rest = (1.0 - sum(dist.values())) / (V - len(dist))
+        row = np.full(V, np.log(rest))
+        for t, p in dist.items():
+            row[t] = np.log(p)
+        rows.append(row)
+    logits = jnp.asarray(np.stack(rows), jnp.float32)
+    config = ModelConfig(d_model=8, n_heads=1, n_kv_heads=1, n_layers=1, mlp_hidden_size=8, vocab_size=V,
+                         embedding_size=V, mask_token_id=MASK, eos_token_id=0, pad_token_id=0)
+    model = StubModel(config, FunctionDenoiser(lambda x: jnp.broadcast_to(logits, x.shape + (V,)), V))
+    ids = np.array([[1, 2]], np.int32)
+    for rule, nfe, clauses in (
+            (ll.rule("credit", threshold=0.95, credit_alpha=0.0), 3, [["best", "best"], ["best"], ["forced"]]),
+            (ll.rule("smooth", threshold=0.95, cont_weight=0.0, cont_weight_init=0.0, threshold_decay=0.0), 3,
+             [["best", "best"], ["best"], ["forced"]]),
+            (ll.rule("hierarchy", threshold=0.95, low_threshold=0.4), 4, [["forced"]] * 4)):
+        out = ll.generate(model, ids, None, ll.DecodeConfig(strategy=rule, gen_length=4, block_length=4,
+                                                            prompt_bucket=1), trace=True)
+        assert out.tokens[0, 2:].tolist() == [10, 11, 12, 13] and int(out.nfe[0]) == nfe, rule.name
+        t = out.trace
+        assert [[t.clause_names[k - 1] for k in t.clause[0, s] if k > 0] for s in range(nfe)] == clauses, rule.name
