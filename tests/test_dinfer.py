@@ -345,20 +345,34 @@ def test_dinfers_threshold_rule_in_the_loop_by_hand():
     from stubs import StubModel
 
     V, MASK = 20, 19
-    table = {2: {10: 0.9}, 3: {11: 0.899995}, 4: {12: 0.8}, 5: {MASK: 0.96, 13: 0.03}}
-    rows = []
-    for j in range(6):
-        dist = table.get(j, {5: 0.3})
-        rest = (1.0 - sum(dist.values())) / (V - len(dist))
-        row = np.full(V, np.log(rest))
-        for t, p in dist.items():
-            row[t] = np.log(p)
-        rows.append(row)
-    logits = jnp.asarray(np.stack(rows), jnp.float32)
     config = ModelConfig(d_model=8, n_heads=1, n_kv_heads=1, n_layers=1, mlp_hidden_size=8, vocab_size=V,
                          embedding_size=V, mask_token_id=MASK, eos_token_id=0, pad_token_id=0)
-    model = StubModel(config, FunctionDenoiser(lambda x: jnp.broadcast_to(logits, x.shape + (V,)), V))
+
+    def stub(table):  # position j's distribution: table[j] ({token: p}, the rest spread; "tie": 0.5 / 0.5 exactly)
+        rows = []
+        for j in range(6):
+            dist = table.get(j, {5: 0.3})
+            if dist == "tie":
+                row = np.full(V, -np.inf)
+                row[[10, 11]] = 0.0
+            else:
+                rest = (1.0 - sum(dist.values())) / (V - len(dist))
+                row = np.full(V, np.log(rest))
+                for t, p in dist.items():
+                    row[t] = np.log(p)
+            rows.append(row)
+        logits = jnp.asarray(np.stack(rows), jnp.float32)
+        return StubModel(config, FunctionDenoiser(lambda x: jnp.broadcast_to(logits, x.shape + (V,)), V))
+
     ids = np.array([[1, 2]], np.int32)
+    # non-strict: position 3 at exactly 0.5 (a tie of 10 and 11: the lower id) commits beside the best, 2 (0.9),
+    # at threshold 0.5; 4 and 5 (0.3) wait: pass 1 {2, 3}, pass 2 the band {4, 5}
+    out = ll.generate(stub({2: {10: 0.9}, 3: "tie"}), ids, None, ll.DecodeConfig(
+        strategy=ll.rule("credit", threshold=0.5, credit_alpha=0.0), gen_length=4, block_length=4, prompt_bucket=1),
+        trace=True)
+    assert out.tokens[0, 2:].tolist() == [10, 10, 5, 5] and int(out.nfe[0]) == 2
+    assert out.trace.commit_pass[0].tolist() == [0, 0, 1, 1]
+    model = stub({2: {10: 0.9}, 3: {11: 0.899995}, 4: {12: 0.8}, 5: {MASK: 0.96, 13: 0.03}})
     for rule, nfe, clauses in (
             (ll.rule("credit", threshold=0.95, credit_alpha=0.0), 3, [["best", "best"], ["best"], ["forced"]]),
             (ll.rule("smooth", threshold=0.95, cont_weight=0.0, cont_weight_init=0.0, threshold_decay=0.0), 3,
