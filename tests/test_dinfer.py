@@ -327,6 +327,57 @@ def test_refusals_in_one_line(llada, llada2):
         assert cfg.cache_mode(model.model.config) == {"auto": "block" if model is llada2 else "none"}.get(cache, cache)
 
 
+TABLE_V, TABLE_MASK = 20, 19
+
+
+def _table_stub(table):
+    """A stub model (vocabulary 20, mask 19, EOS 0) whose canvas position j predicts table[j] whatever the canvas
+    holds: {token: p}, the rest spread evenly; "tie": 10 and 11 at exactly 0.5."""
+    import jax.numpy as jnp
+
+    from localleap_jax.config import ModelConfig
+    from localleap_jax.denoiser import FunctionDenoiser
+    from stubs import StubModel
+
+    V = TABLE_V
+    rows = []
+    for j in range(6):
+        dist = table.get(j, {5: 0.3})
+        if dist == "tie":
+            row = np.full(V, -np.inf)
+            row[[10, 11]] = 0.0
+        else:
+            rest = (1.0 - sum(dist.values())) / (V - len(dist))
+            row = np.full(V, np.log(rest))
+            for t, p in dist.items():
+                row[t] = np.log(p)
+        rows.append(row)
+    logits = jnp.asarray(np.stack(rows), jnp.float32)
+    config = ModelConfig(d_model=8, n_heads=1, n_kv_heads=1, n_layers=1, mlp_hidden_size=8, vocab_size=V,
+                         embedding_size=V, mask_token_id=TABLE_MASK, eos_token_id=0, pad_token_id=0)
+    return StubModel(config, FunctionDenoiser(lambda x: jnp.broadcast_to(logits, x.shape + (V,)), V))
+
+
+def test_indel_falls_back_from_the_mask_at_an_original_mask_by_hand():
+    """Block 2..5 (prompt [1, 2]), threshold 0.5, max_post_edit_steps 1; position 2's argmax is the mask id (0.9; 10 at
+    0.05), 3..5 predict 11, 12, 13 at 0.8, 0.7, 0.6:
+      pass 1: 2 is an original mask predicting the mask: its best other token, 10 at 0.05; quota 1; 3, 4, 5 > 0.5
+      pass 2: 2 alone (top-1: 10)
+      pass 3: no original mask left: post-edit 1 >= 1: the cleanup; 2 disagrees (the mask id, 0.9 > 0): an edit,
+              scrubbed to 10, the token it holds: no change, no edit; the block ends.  NFE 3, tokens 10 11 12 13.
+    (Without the fallback pass 1 writes the mask id back at 2, still an original mask: 4 passes.)"""
+    table = {2: {TABLE_MASK: 0.9, 10: 0.05}, 3: {11: 0.8}, 4: {12: 0.7}, 5: {13: 0.6}}
+    model = _table_stub(table)
+    rule = ll.rule("joint_threshold_indel", max_post_edit_steps=1, delete_token_id=17, split_token_id=18)
+    out = ll.generate(model, np.array([[1, 2]], np.int32), None,
+                      ll.DecodeConfig(strategy=rule, gen_length=4, block_length=4, prompt_bucket=1))
+    assert out.tokens[0, 2:].tolist() == [10, 11, 12, 13] and int(out.nfe[0]) == 3 and int(out.edits[0]) == 0
+    ref = JT.joint_threshold_indel_generate(lambda ids: np.asarray(model.denoiser.logits_fn(ids)), [1, 2],
+                                            mask_id=TABLE_MASK, delete_id=17, split_id=18, gen_length=4,
+                                            block_length=4, layout="bidirectional", max_post_edit_steps=1)
+    assert ref.tokens[2:].tolist() == [10, 11, 12, 13] and ref.nfe == 3
+
+
 def test_dinfers_threshold_rule_in_the_loop_by_hand():
     """dInfer's threshold rule as the loop runs it (credit with credit_alpha 0 decides on the raw logits; smooth with
     its weights 0 and threshold_decay 0 is the plain rule), on a stub whose block 2..5 (prompt [1, 2]) predicts
@@ -338,32 +389,7 @@ def test_dinfers_threshold_rule_in_the_loop_by_hand():
     hierarchy (low 0.4, threshold 0.95) on the same canvas: pass 1: one segment 2..5 whose maximum is 5 (0.96, the
     mask id: a no-op), the block's best is 5 too: nothing changes, the loop forces 2 (0.9); pass 2: segments 3..5,
     same; it forces 3; then 4; then 5 (13): 4 passes."""
-    import jax.numpy as jnp
-
-    from localleap_jax.config import ModelConfig
-    from localleap_jax.denoiser import FunctionDenoiser
-    from stubs import StubModel
-
-    V, MASK = 20, 19
-    config = ModelConfig(d_model=8, n_heads=1, n_kv_heads=1, n_layers=1, mlp_hidden_size=8, vocab_size=V,
-                         embedding_size=V, mask_token_id=MASK, eos_token_id=0, pad_token_id=0)
-
-    def stub(table):  # position j's distribution: table[j] ({token: p}, the rest spread; "tie": 0.5 / 0.5 exactly)
-        rows = []
-        for j in range(6):
-            dist = table.get(j, {5: 0.3})
-            if dist == "tie":
-                row = np.full(V, -np.inf)
-                row[[10, 11]] = 0.0
-            else:
-                rest = (1.0 - sum(dist.values())) / (V - len(dist))
-                row = np.full(V, np.log(rest))
-                for t, p in dist.items():
-                    row[t] = np.log(p)
-            rows.append(row)
-        logits = jnp.asarray(np.stack(rows), jnp.float32)
-        return StubModel(config, FunctionDenoiser(lambda x: jnp.broadcast_to(logits, x.shape + (V,)), V))
-
+    stub, MASK = _table_stub, TABLE_MASK
     ids = np.array([[1, 2]], np.int32)
     # non-strict: position 3 at exactly 0.5 (a tie of 10 and 11: the lower id) commits beside the best, 2 (0.9),
     # at threshold 0.5; 4 and 5 (0.3) wait: pass 1 {2, 3}, pass 2 the band {4, 5}
