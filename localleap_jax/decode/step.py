@@ -131,7 +131,7 @@ def denoise_step(head: Callable[[Array], Array], hidden: Float[Array, "B T D"], 
     held = in_region & ~signals.prompt  # what the rule may change besides commits
     d = apply_decision(decision, rule, traits, candidates, held, pred, tokens, conf, special.mask, forced)
     if d.block is not None:  # the region the rule writes, and the loop's own commit where the rule made none
-        new = jnp.where(d.code == forced, pred, d.block)
+        new = jnp.where(d.forced, pred, d.block)
     else:
         new = jnp.where(d.code > 0, pred, tokens)
         if d.edit is not None:
@@ -224,6 +224,7 @@ class Applied(NamedTuple):
     insert: Bool[Array, "B T"] | None
     delete: Bool[Array, "B T"] | None
     soft_weight: Float[Array, "B"] | None
+    forced: Bool[Array, "B T"]  # the loop's own commits (a working row whose rule committed and remasked nothing)
 
 
 def apply_decision(decision: Decision, rule, traits: RuleTraits, candidates: Bool[Array, "B T"],
@@ -288,8 +289,9 @@ def apply_decision(decision: Decision, rule, traits: RuleTraits, candidates: Boo
     idle = ~jnp.any(code > 0, axis=1, keepdims=True)
     if remask is not None:
         idle &= ~jnp.any(remask > 0, axis=1, keepdims=True)
-    code = jnp.where(idle & most_confident(conf, candidates), jnp.int8(forced), code)
-    return Applied(code, remask, edit, finished, block, insert, delete, soft_weight)
+    forced_here = idle & most_confident(conf, candidates)
+    return Applied(jnp.where(forced_here, jnp.int8(forced), code), remask, edit, finished, block, insert, delete,
+                   soft_weight, forced_here)
 
 
 def keep_contract(code: Array, candidates: Bool[Array, "B T"], conf: Float[Array, "B T"], forced: int
