@@ -409,3 +409,33 @@ def test_dinfers_threshold_rule_in_the_loop_by_hand():
         assert out.tokens[0, 2:].tolist() == [10, 11, 12, 13] and int(out.nfe[0]) == nfe, rule.name
         t = out.trace
         assert [[t.clause_names[k - 1] for k in t.clause[0, s] if k > 0] for s in range(nfe)] == clauses, rule.name
+
+
+@pytest.mark.parametrize("settings, conf, candidates, expect", [
+    # one segment 0..5: its max 3 (0.75 > 0.375) -> segment; the block's best is 3 too
+    (dict(low_threshold=0.375), (0.5, 0.25, 0.125, 0.75, 0.375, 0.0625), (0, 1, 2, 3, 4, 5), {3: "segment"}),
+    # segments 0..2 (max 0: 0.5) and 4..5 (max 0.375, not > 0.375)
+    (dict(low_threshold=0.375), (0.5, 0.25, 0.125, 0.75, 0.375, 0.0625), (0, 1, 2, 4, 5), {0: "segment"}),
+    # segments 1..2 (0.25) and 4..5 (0.375): none above: the block's best, 4
+    (dict(low_threshold=0.375), (0.5, 0.25, 0.125, 0.75, 0.375, 0.0625), (1, 2, 4, 5), {4: "top1"}),
+    # strict threshold: 0.625 and 0.75 > 0.5, 0.5 is not; the one segment's max (0.75) is below low 0.875
+    (dict(threshold=0.5, low_threshold=0.875), (0.625, 0.5, 0.75, 0.25), (0, 1, 2, 3), {0: "threshold", 2: "threshold"}),
+    # ties: segment 0..1's two maxima both commit, segment 3's alone too
+    (dict(low_threshold=0.25), (0.5, 0.5, 0.25, 0.5), (0, 1, 3), {0: "segment", 1: "segment", 3: "segment"}),
+    # low_threshold None: no floor, each segment's max commits
+    (dict(low_threshold=None), (0.125, 0.0625, 0.25, 0.03125), (0, 1, 3), {0: "segment", 3: "segment"}),
+])
+def test_hierarchys_clauses_by_hand(settings, conf, candidates, expect):
+    """The rule on hand-made signals (dyadic confidences, exact in fp32; no position's argmax is the mask id)."""
+    import jax.numpy as jnp
+
+    T = len(conf)
+    cand = np.zeros((1, T), bool)
+    cand[0, list(candidates)] = True
+    s = ll.rules.Signals(logits=jnp.zeros((1, T, 4)).at[..., 1].set(1.0), pred=jnp.ones((1, T), jnp.int32),
+                         conf=jnp.asarray([conf], jnp.float32), candidates=jnp.asarray(cand),
+                         step=jnp.zeros((1,), jnp.int32), gen_length=T, block_length=T, mask_id=3)
+    rule = ll.rule("hierarchy", **settings)
+    code, _ = rule.update(s, ())
+    got = {i: rule.clause_names[c - 1] for i, c in enumerate(np.asarray(code)[0].tolist()) if c}
+    assert got == expect
