@@ -87,7 +87,9 @@ class Credit(RuleBase):
     The pass still materialises the fused logits [B, T, V] in fp32, as every rule reading logits does.
 
     Caches: every mode (the credit is the block's, and each pass sees the block's logits): none, prefix, dual on a
-    bidirectional model, block (or none) on a block-diffusion model."""
+    bidirectional model, block (or none) on a block-diffusion model. Greedy, as everything here is compared: with
+    DecodeConfig.temperature > 0 the rule still writes its fused argmax (dInfer would add its Gumbel noise to the
+    fused logits)."""
 
     threshold: float = setting(0.9, low=0.0, high=1.0)
     credit_alpha: float = setting(0.7, low=0.0)

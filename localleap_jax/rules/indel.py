@@ -84,7 +84,8 @@ class JointThresholdInDel(RuleBase):
     Ids: delete_token_id / split_token_id, None: the model's (config.json, `ModelConfig.delete_token_id`). Ids past
     the tokenizer's vocabulary are never written (the mask id is). Ties: lowest id (argmax), lowest position (the
     quota's top-k, where torch.topk leaves the order open). Caches: rows advance on their own: "block" (what "auto"
-    picks) or "none" on a block-diffusion model (LLaDA2, as SGLang runs it), "none" on a bidirectional one. State
+    picks) or "none" on a block-diffusion model (LLaDA2, as SGLang runs it), "none" on a bidirectional one. Greedy
+    (SGLang's step is argmax-only): a DecodeConfig.temperature > 0 is not used by its decisions. State
     per row: 2 x block_length x (block_length + max_post_edit_steps + 1) x 4 bytes (12.5 KB at 32 and 16)."""
 
     threshold: float = setting(0.5, low=0.0, high=1.0)
