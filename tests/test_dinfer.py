@@ -278,7 +278,7 @@ def test_indel_with_ids_given_on_a_bidirectional_model_and_its_refusals(llada):
 # ---------------------------------------------------------------- slots, traces, refusals
 
 
-def test_slots_equal_a_fixed_batch_and_traces_name_the_clauses():
+def test_slots_equal_a_fixed_batch_and_traces_name_the_clauses(tmp_path):
     """Continuous batching (a slot's next prompt starts with a fresh credit, a fresh soft input, a fresh insert/delete
     history) gives each prompt the fixed batch's tokens, NFE and counts; traces name each rule's clauses."""
     from stubs import ragged_prompts, seeded
@@ -299,6 +299,11 @@ def test_slots_equal_a_fixed_batch_and_traces_name_the_clauses():
         if rule.name == "joint_threshold_indel":
             assert fixed.inserts.sum() > 0 and fixed.deletes.sum() > 0 and {"introduced", "cleanup"} <= used
             assert fixed.trace.edit_names == ("changed",) and fixed.trace.edited.sum() == fixed.edits.sum() > 0
+            # where each pass dropped and inserted positions, as many as counted
+            assert (fixed.trace.inserted.sum(axis=(1, 2)).tolist(), fixed.trace.deleted.sum(axis=(1, 2)).tolist()) \
+                == (fixed.inserts.tolist(), fixed.deletes.tolist())
+            back, _, _ = ll.load_trace(ll.save_trace(tmp_path / "indel.npz", fixed.trace))
+            assert back.inserted.sum() == fixed.inserts.sum() and back.deleted.sum() == fixed.deletes.sum()
         else:
             assert used == {"threshold", "best"}
 

@@ -241,7 +241,7 @@ def initial_state(denoiser: Denoiser, canvas: Canvas, rule, *, loop: LoopSetting
                       loop.cache.init(denoiser, canvas), rule_state0,
                       loop.recorder.init(B, loop.gen_length, row_bound(loop, canvas) if loop.free_tokens
                                          else loop.max_passes or loop.gen_length,  # store passes: more than G
-                                         loop.traits.edits),
+                                         loop.traits.edits, loop.traits.rewrites),
                       zeros if loop.traits.revokes else (), zeros if loop.traits.edits else (),
                       (zeros, zeros) if loop.traits.rewrites else ())
     return state, Pass(canvas, rule, rule_state0, draws)
