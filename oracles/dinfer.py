@@ -133,7 +133,7 @@ class CreditDecoder(ThresholdDecoder):
 class HierarchyDecoder:
     threshold: float | None = None
     low_threshold: float | None = 0.4
-    segment_only: int = 0  # commits by a segment's maximum alone: not > threshold, not the best (tests decide their case)
+    segment_only: int = 0  # commits by a segment's maximum alone: not > threshold, not the best (for tests)
 
     def block_start(self):
         pass

@@ -44,7 +44,8 @@ class Family:
         smoothing = None
         if name == "smooth":
             keys = ("cont_weight", "cont_weight_init", "cont_weight_growth", "threshold_decay")
-            smoothing = D.Smoothing(self.embeds_fn, self.embedding, **{k: settings.pop(k) for k in keys if k in settings})
+            smoothing = D.Smoothing(self.embeds_fn, self.embedding,
+                                    **{k: settings.pop(k) for k in keys if k in settings})
             name = "threshold"
         decoder = D.make_decoder(name, mask_id=sp.mask, **settings)
         fn = self.block_fn(block) if self.block_fn else self.logits_fn
@@ -292,7 +293,8 @@ def test_slots_equal_a_fixed_batch_and_traces_name_the_clauses(tmp_path):
         fixed = ll.generate(model, ids, mask, cfg, trace=True)
         slotted = ll.generate(model, ids, mask, cfg, slots=2)
         for field in ("tokens", "nfe", "edits", "inserts", "deletes"):
-            np.testing.assert_array_equal(getattr(slotted, field), getattr(fixed, field), err_msg=f"{rule.name} {field}")
+            np.testing.assert_array_equal(getattr(slotted, field), getattr(fixed, field),
+                                          err_msg=f"{rule.name} {field}")
         assert slotted.forward_passes > fixed.forward_passes // 2  # two rows at a time really took turns
         assert fixed.trace.clause_names == clauses + ("forced",)
         used = {fixed.trace.clause_names[k - 1] for k in np.unique(fixed.trace.clause) if k > 0}
@@ -325,10 +327,11 @@ def test_refusals_in_one_line(llada, llada2):
     with pytest.raises(ll.DecodeError, match=r"^credit rewrites its block: it cannot be combined with any_of"):
         ll.DecodeConfig(strategy=ll.any_of(ll.rule("threshold"), ll.rule("credit"))).validate()
     # what fits: credit and hierarchy on each cache of each kind of model, indel on the block cache
-    for strategy, cache, model in (("credit", "dual", llada), ("hierarchy", "prefix", llada), ("credit", "block", llada2),
-                                   ("hierarchy", "auto", llada2), ("joint_threshold_indel", "auto", llada2),
-                                   ("smooth", "auto", llada)):
-        cfg = ll.DecodeConfig(strategy=strategy, gen_length=16, block_length=4, cache=cache).validate(model.model.config)
+    for strategy, cache, model in (("credit", "dual", llada), ("hierarchy", "prefix", llada),
+                                   ("credit", "block", llada2), ("hierarchy", "auto", llada2),
+                                   ("joint_threshold_indel", "auto", llada2), ("smooth", "auto", llada)):
+        cfg = ll.DecodeConfig(strategy=strategy, gen_length=16, block_length=4, cache=cache)
+        cfg.validate(model.model.config)
         assert cfg.cache_mode(model.model.config) == {"auto": "block" if model is llada2 else "none"}.get(cache, cache)
 
 
@@ -424,7 +427,8 @@ def test_dinfers_threshold_rule_in_the_loop_by_hand():
     # segments 1..2 (0.25) and 4..5 (0.375): none above: the block's best, 4
     (dict(low_threshold=0.375), (0.5, 0.25, 0.125, 0.75, 0.375, 0.0625), (1, 2, 4, 5), {4: "top1"}),
     # strict threshold: 0.625 and 0.75 > 0.5, 0.5 is not; the one segment's max (0.75) is below low 0.875
-    (dict(threshold=0.5, low_threshold=0.875), (0.625, 0.5, 0.75, 0.25), (0, 1, 2, 3), {0: "threshold", 2: "threshold"}),
+    (dict(threshold=0.5, low_threshold=0.875), (0.625, 0.5, 0.75, 0.25), (0, 1, 2, 3),
+     {0: "threshold", 2: "threshold"}),
     # ties: segment 0..1's two maxima both commit, segment 3's alone too
     (dict(low_threshold=0.25), (0.5, 0.5, 0.25, 0.5), (0, 1, 3), {0: "segment", 1: "segment", 3: "segment"}),
     # low_threshold None: no floor, each segment's max commits

@@ -46,8 +46,9 @@ class DecodeConfig:
     prompt_bucket: int = 64  # prompts are left-padded to a multiple of this, to bound recompiles
     # The loop's bound on forward passes. None: the rule's own (`rule.pass_bound`): gen_length for a rule that only
     # commits (it commits a token per pass) and for WINO (a pass nets a token), 4 x gen_length for Saber, ReMDM's
-    # schedule's exact count, blocks x (block_length + max_post_edit_steps + 1) for joint_threshold; a user's revoking
-    # (or block-ending) rule gets gen_length unless it says more. Rows that reach it with masks left: `out.hit_bound`.
+    # schedule's exact count, blocks x (block_length + max_post_edit_steps + 1) for joint_threshold(_indel); a user's
+    # revoking (or block-ending) rule gets gen_length unless it says more. Rows that reach it with masks left:
+    # `out.hit_bound`.
     max_passes: int | None = None
     # The rule commits in sub-blocks of this many positions of each block, in order (Fast-dLLM v2's small blocks).
     # None: the model family's own (Fast-dLLM v2: 8; others have none); refused for a family without sub-blocks.

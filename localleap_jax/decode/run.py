@@ -44,7 +44,7 @@ class Generation:
     trace: Trace | None = None  # with generate(..., trace=True)
     hit_bound: np.ndarray | None = None  # [B] bool: rows stopped by max_passes with masks left (a rule that revokes)
     remasks: np.ndarray | None = None  # [B] tokens each row took back (a rule that revokes; None for one that does not)
-    edits: np.ndarray | None = None  # [B] int: tokens each row replaced by a different one (zeros: a rule that never edits)
+    edits: np.ndarray | None = None  # [B] int: tokens each row replaced by another (zeros: a rule that never edits)
     slots: int | None = None  # rows the loop held at once (all the batch's, unless generate(..., slots=S))
     inserts: np.ndarray | None = None  # [B] int: positions each row inserted (LLaDA2.2's SPLIT; zeros for other rules)
     deletes: np.ndarray | None = None  # [B] int: positions each row dropped (LLaDA2.2's DELETE; zeros for other rules)

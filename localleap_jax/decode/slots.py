@@ -109,8 +109,8 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
         layout = tuple(jnp.where(takes.reshape((S,) + (1,) * (a.ndim - 1)), getattr(queue, f)[j], a)
                        for f, a in zip(_LAYOUT, st.layout))
         canvas = dataclasses.replace(queue, **dict(zip(_LAYOUT, layout)))
-        rule_state, record, remasks, edits, indels = rows_where(takes, fresh, (state.rule_state, state.record,
-                                                                               state.remasks, state.edits, state.indels))
+        rule_state, record, remasks, edits, indels = rows_where(
+            takes, fresh, (state.rule_state, state.record, state.remasks, state.edits, state.indels))
         zero = jnp.zeros_like(state.nfe)
         state = state._replace(
             x=jnp.where(takes[:, None], canvas.x0, state.x),

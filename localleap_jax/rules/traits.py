@@ -107,7 +107,7 @@ def traits_of(rule) -> RuleTraits:
             raise DecodeError(f"{rule.name}: a canvas rule has temperature(step) -> [B] (the temperature of each "
                               "row's denoising pass): subclass ll.rules.canvas.CanvasRuleBase")
     if soft_input and (region != "block" or probes):
-        raise DecodeError(f"{rule.name}: a rule that feeds the next pass an input embedding (soft_input) decides on its "
-                          "block alone (region 'block', no probes)")
+        raise DecodeError(f"{rule.name}: a rule that feeds the next pass an input embedding (soft_input) decides on "
+                          "its block alone (region 'block', no probes)")
     return RuleTraits(region, bool(probes), names, bool(resets), edit_names, bool(ends_blocks), bool(canvas),
                       bool(rewrites), bool(soft_input))
