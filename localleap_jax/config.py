@@ -53,6 +53,10 @@ class ModelConfig:
     canvas_length: int = 0
     # Every id that ends a row, when config.json lists several (DiffusionGemma); () : eos_token_id alone.
     eos_token_ids: tuple[int, ...] = ()
+    # LLaDA2.2's edit tokens (config.json's delete_token_id / split_token_id): the insert/delete decoder writes them to
+    # drop a position or to insert a mask before one. None: the model has none.
+    delete_token_id: int | None = None
+    split_token_id: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.family, str) or not self.family:
@@ -82,6 +86,14 @@ class ModelConfig:
         for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
             if not 0 <= getattr(self, name) < self.vocab_size:
                 raise ConfigError(f"{name}={getattr(self, name)} is outside the vocabulary (vocab_size={self.vocab_size})")
+        for name in ("delete_token_id", "split_token_id"):
+            t = getattr(self, name)
+            if t is not None and not 0 <= t < self.vocab_size:
+                raise ConfigError(f"{name}={t} is outside the vocabulary (vocab_size={self.vocab_size})")
+            if t is not None and t == self.mask_token_id:
+                raise ConfigError(f"{name}={t} equals mask_token_id: an edit token must be a token of its own")
+        if self.delete_token_id is not None and self.delete_token_id == self.split_token_id:
+            raise ConfigError(f"delete_token_id and split_token_id are both {self.delete_token_id}: they must differ")
         for t in self.eos_token_ids:
             if not 0 <= t < self.vocab_size:
                 raise ConfigError(f"eos_token_ids holds {t}, outside the vocabulary (vocab_size={self.vocab_size})")

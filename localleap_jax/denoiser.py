@@ -12,6 +12,9 @@ model family only has to provide a denoiser:
     (`soft` [B, Q, D]: an addition to the token embeddings of the positions run, or None)
     head(hidden)                                      -> logits [..., V] (fp32)
     empty_cache(batch, length)                        -> the cache's initial value
+    soft_embedding(logits [B, Q, V])                  -> [B, Q, D] softmax(logits) @ E: the embedding a distribution
+                                                         expects (dInfer's iteration smoothing feeds it back as `soft`)
+    no_soft(batch, length)                            -> zeros [B, length, D] (no soft input), the embedding's dtype
     probe(x, positions, key_mask, idx, mask_id)       -> (hidden [B, L, D], held_out [B, T, D]): a whole-canvas
                                                          pass that also scores positions idx [B, T] each with
                                                          itself hidden, in the same forward pass (WINO)
@@ -46,13 +49,17 @@ class SpecialIds:
     eos: int
     eot: int | None  # end of turn (LLaDA <|eot_id|>, Dream <|im_end|>); None when the tokenizer has none
     vocab_limit: int | None = None  # ids >= this are never predicted (the tokenizer cannot decode them)
+    delete: int | None = None  # LLaDA2.2's edit tokens (config.json), which its insert/delete decoder writes
+    split: int | None = None
 
     @classmethod
     def of(cls, config: ModelConfig, tokenizer=None) -> "SpecialIds":
-        """A model's special ids: mask and EOS from its config, EOT and the decodable ids from its tokenizer."""
+        """A model's special ids: mask, EOS and the edit tokens from its config, EOT and the decodable ids from its
+        tokenizer."""
+        edit = (config.delete_token_id, config.split_token_id)
         if tokenizer is None:
-            return cls(config.mask_token_id, config.eos_token_id, None, None)
-        return cls(config.mask_token_id, config.eos_token_id, tokenizer.eot_id, tokenizer.vocab_size)
+            return cls(config.mask_token_id, config.eos_token_id, None, None, *edit)
+        return cls(config.mask_token_id, config.eos_token_id, tokenizer.eot_id, tokenizer.vocab_size, *edit)
 
 
 class Denoiser(Protocol):
@@ -73,6 +80,10 @@ class Denoiser(Protocol):
     def head(self, hidden: Float[Array, "... D"]) -> Float[Array, "... V"]: ...
 
     def empty_cache(self, batch: int, length: int) -> Any: ...
+
+    def soft_embedding(self, logits: Float[Array, "B Q V"]) -> Float[Array, "B Q D"]: ...
+
+    def no_soft(self, batch: int, length: int) -> Float[Array, "B Q D"]: ...
 
     def probe(self, x: Int[Array, "B L"], positions: Int[Array, "B L"], key_mask: Bool[Array, "B L"],
               idx: Int[Array, "B T"], mask_id: int) -> tuple[Float[Array, "B L D"], Float[Array, "B T D"]]: ...
@@ -175,6 +186,15 @@ class ModelDenoiser:
         zeros = tuple(jnp.zeros(shape, dtype) for _ in range(c.n_layers))
         return KVCache(zeros, zeros)
 
+    def soft_embedding(self, logits):
+        # dInfer's H2Embed at tau 1: the softmax in fp32, the product with the table accumulated in fp32
+        table = self.params["wte"]["embedding"]
+        probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(table.dtype)
+        return jnp.einsum("bqv,vd->bqd", probs, table, preferred_element_type=jnp.float32).astype(table.dtype)
+
+    def no_soft(self, batch, length):
+        return jnp.zeros((batch, length, self.config.d_model), self.params["wte"]["embedding"].dtype)
+
 
 @struct.dataclass
 class FunctionDenoiser:
@@ -190,24 +210,32 @@ class FunctionDenoiser:
     shift: int = struct.field(pytree_node=False, default=0)
     lanes: ClassVar[bool] = False  # logits_fn may script each row by its place in the batch
 
-    def full(self, x, positions, key_mask, soft=None):
-        return self.logits_fn(x).astype(jnp.float32), x
+    def full(self, x, positions, key_mask, soft=None):  # the stub's "embedding" is the identity: soft adds to logits
+        logits = self.logits_fn(x).astype(jnp.float32)
+        return (logits if soft is None else logits + soft), x
 
     def window(self, tokens, positions, key_mask, cache, write, soft=None):
-        return self.window_stored(tokens, positions, key_mask, cache, write)[0]
+        return self.window_stored(tokens, positions, key_mask, cache, write, soft)[0]
 
     def window_stored(self, tokens, positions, key_mask, cache, write, soft=None):
         Q = tokens.shape[1]
         at = write.start[:, None] + jnp.arange(Q)
         rows = jnp.arange(tokens.shape[0])[:, None]
         seen = cache.at[rows, at].set(jnp.where(write.fresh, tokens, cache[rows, at]))
-        return self.logits_fn(seen).astype(jnp.float32)[rows, at], seen
+        logits = self.logits_fn(seen).astype(jnp.float32)[rows, at]
+        return (logits if soft is None else logits + soft), seen
 
     def head(self, hidden):
         return hidden
 
     def empty_cache(self, batch, length):
         return jnp.zeros((batch, length), jnp.int32)
+
+    def soft_embedding(self, logits):  # the stub's hidden states are logits: its embedding table is the identity
+        return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+
+    def no_soft(self, batch, length):
+        return jnp.zeros((batch, length, self.vocab), jnp.float32)
 
     def probe(self, x, positions, key_mask, idx, mask_id):
         # The stub has no attention: position idx[j] hidden is the canvas with that position masked.

@@ -117,7 +117,9 @@ def concat_traces(traces: Sequence[Trace]) -> Trace:
                  remask_names=traces[0].remask_names,
                  edit=None if all(t.edit is None for t in traces) else np.concatenate(
                      [pad(np.zeros(t.clause.shape, np.int8) if t.edit is None else t.edit, 0) for t in traces]),
-                 edit_names=traces[0].edit_names)
+                 edit_names=traces[0].edit_names,
+                 indel=None if all(t.indel is None for t in traces) else np.concatenate(
+                     [pad(np.zeros(t.clause.shape, np.int8) if t.indel is None else t.indel, 0) for t in traces]))
 
 
 # ---------------------------------------------------------------- Figure 1b: earliest stable consistency
@@ -311,8 +313,8 @@ def observed_share(trace: Trace) -> float:
 
 def edits(trace: Trace) -> dict:
     """How often and where a rule replaced held tokens by different ones (edits, beside `revocations`' remasks):
-    edits per row, per clause, the share of positions ever edited, and where in the generated region (JSON-able;
-    zeros for a rule that never edits)."""
+    edits per row, per clause, the share of positions ever edited, and where in the generated region, with the
+    positions it dropped and inserted (JSON-able; zeros for a rule that never edits)."""
     edited = trace.edited  # [B, S, G]
     rows = edited.sum(axis=(1, 2))
     by_clause = ({name: int((trace.edit == k + 1).sum()) for k, name in enumerate(trace.edit_names)}
@@ -322,7 +324,9 @@ def edits(trace: Trace) -> dict:
     tenths = np.bincount((where[2] * 10) // max(G, 1), minlength=10)[:10] if where[0].size else np.zeros(10, int)
     return {"edits": int(rows.sum()), "edits_per_row": float(rows.mean()) if rows.size else float("nan"),
             "positions_ever_edited": float(edited.any(axis=1).mean()) if edited.size else float("nan"),
-            "by_clause": by_clause, "by_tenth_of_the_region": tenths.astype(int).tolist()}
+            "by_clause": by_clause, "by_tenth_of_the_region": tenths.astype(int).tolist(),
+            # positions dropped and inserted (LLaDA2.2's DELETE / SPLIT; 0 for every other rule)
+            "deletes": int(trace.deleted.sum()), "inserts": int(trace.inserted.sum())}
 
 
 def summary(trace: Trace, cache: str | None = None) -> dict:

@@ -421,7 +421,7 @@ class DiffusionLM(nn.Module):
 
     def trunk(self, tokens, positions, key_mask, mask=None, soft=None):
         x = self.wte(tokens)
-        if soft is not None:
+        if soft is not None:  # an input embedding from the decode loop, added to the tokens' (iteration smoothing)
             x = x + soft.astype(x.dtype)
         if mask is None:
             mask = attention_mask(positions, key_mask, self.config.block_size)

@@ -43,6 +43,9 @@ class Trace(NamedTuple):
     # g by a different one, by edit_names[k - 1] (a commit of a mask is never an edit); None for a rule that does not
     edit: Int[np.ndarray, "B S G"] | None = None
     edit_names: tuple[str, ...] = ()
+    # A rule that rewrites its block (LLaDA2.2's insert/delete): indel[b, s, g] == k > 0 where pass s dropped (k = 1,
+    # INDEL_NAMES[0]) or inserted (k = 2) a position at g (positions of the block before the pass); None otherwise
+    indel: Int[np.ndarray, "B S G"] | None = None
 
     @property
     def remasked(self) -> Bool[np.ndarray, "B S G"]:
@@ -53,6 +56,16 @@ class Trace(NamedTuple):
     def edited(self) -> Bool[np.ndarray, "B S G"]:
         """True where pass s replaced the position's token by a different one (all False for a rule that never edits)."""
         return np.zeros(self.clause.shape, bool) if self.edit is None else self.edit > 0
+
+    @property
+    def deleted(self) -> Bool[np.ndarray, "B S G"]:
+        """True where pass s dropped the position (LLaDA2.2's DELETE; all False for other rules)."""
+        return np.zeros(self.clause.shape, bool) if self.indel is None else self.indel == 1
+
+    @property
+    def inserted(self) -> Bool[np.ndarray, "B S G"]:
+        """True where pass s inserted a mask before the position's token (LLaDA2.2's SPLIT; all False otherwise)."""
+        return np.zeros(self.clause.shape, bool) if self.indel is None else self.indel == 2
 
     @property
     def masked(self) -> Bool[np.ndarray, "B S G"]:
@@ -69,7 +82,7 @@ class Trace(NamedTuple):
         return Trace(self.pred[b:b + 1, :n], self.conf[b:b + 1, :n], self.committed[b:b + 1, :n],
                      self.clause[b:b + 1, :n], self.clause_names, self.token[b:b + 1], self.commit_pass[b:b + 1],
                      self.passes[b:b + 1], self.remask_names, None if self.edit is None else self.edit[b:b + 1, :n],
-                     self.edit_names)
+                     self.edit_names, None if self.indel is None else self.indel[b:b + 1, :n])
 
 
 _ARRAYS = ("pred", "conf", "committed", "clause", "token", "commit_pass", "passes")
@@ -81,9 +94,10 @@ def save_trace(path: str | Path, trace: Trace, texts: Sequence[str] | None = Non
     path = Path(path)
     S = max(int(np.max(trace.passes, initial=0)), 1)
     arrays = {name: np.asarray(getattr(trace, name)) for name in _ARRAYS}
-    if trace.edit is not None:
-        arrays["edit"] = np.asarray(trace.edit)
-    for name in ("pred", "conf", "committed", "clause", "edit"):
+    for name in ("edit", "indel"):
+        if getattr(trace, name) is not None:
+            arrays[name] = np.asarray(getattr(trace, name))
+    for name in ("pred", "conf", "committed", "clause", "edit", "indel"):
         if name in arrays:
             arrays[name] = arrays[name][:, :S]
     extra = {"clause_names": list(trace.clause_names), "remask_names": list(trace.remask_names), "texts": list(texts) if texts is not None else None,
@@ -101,5 +115,6 @@ def load_trace(path: str | Path) -> tuple[Trace, list[str] | None, dict[str, Any
         trace = Trace(pred=z["pred"], conf=z["conf"], committed=z["committed"], clause=z["clause"],
                       clause_names=tuple(extra["clause_names"]), token=z["token"], commit_pass=z["commit_pass"],
                       passes=z["passes"], remask_names=tuple(extra.get("remask_names", ())),
-                      edit=z["edit"] if "edit" in z.files else None, edit_names=tuple(extra.get("edit_names", ())))
+                      edit=z["edit"] if "edit" in z.files else None, edit_names=tuple(extra.get("edit_names", ())),
+                      indel=z["indel"] if "indel" in z.files else None)
     return trace, extra["texts"], extra["meta"]

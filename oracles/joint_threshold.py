@@ -236,7 +236,7 @@ class IndelPass:
     block: np.ndarray
     written: int  # positions written (commits, edits, deletes, splits, rewrites of the same token)
     commits: int  # masks written with a token that is not DELETE / SPLIT / MASK
-    edits: int  # non-mask positions written with a different ordinary token
+    edits: int  # non-mask positions written with a different ordinary token (none of MASK, DELETE, SPLIT)
     deletes: int  # DELETE written (a position removed)
     splits: int  # SPLIT written (a mask inserted before the position's old token)
     cleanup: bool  # this was the final cleanup pass
@@ -358,7 +358,7 @@ def indel_pass(state: IndelState, block: np.ndarray, logits: np.ndarray, *, mask
             splits += 1
         elif mask_index[j] and tok != mask_id:
             commits += 1
-        elif not mask_index[j] and tok != old[j]:
+        elif not mask_index[j] and tok != old[j] and tok != mask_id:  # the mask written back is no edit
             edits += 1
     if deletes or splits:
         tokens, flags = _apply_edit_operations(tokens, old, state.is_orig_mask.tolist(), state.prompt_len, T,

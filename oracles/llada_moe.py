@@ -202,7 +202,8 @@ class LLaDAMoENetwork:
         return attention(q, k, v, allowed) @ p["o"].T
 
     @torch.no_grad()
-    def __call__(self, ids, allowed, positions) -> np.ndarray:
+    def __call__(self, ids, allowed, positions, embeds: torch.Tensor | None = None) -> np.ndarray:
+        """`embeds` [B, L, H]: input embeddings in place of the ids' (dInfer's iteration smoothing feeds them)."""
         c = self.config
         ids = torch.as_tensor(np.asarray(ids), dtype=torch.long)
         allowed = torch.as_tensor(np.asarray(allowed), dtype=torch.bool)
@@ -210,7 +211,7 @@ class LLaDAMoENetwork:
         if ids.ndim != 2 or allowed.shape != (*ids.shape, ids.shape[1]) or positions.shape != ids.shape:
             raise ValueError(f"ids {tuple(ids.shape)}, allowed {tuple(allowed.shape)}, positions "
                              f"{tuple(positions.shape)}: expected [B, L], [B, L, L], [B, L]")
-        h = self.embed[ids]
+        h = self.embed[ids] if embeds is None else torch.as_tensor(embeds, dtype=self.dtype)
         for i in range(c.num_layers):
             h = h + self.attend(i, rms_norm(h, self.layers[i]["input_norm"], c.rms_norm_eps), allowed, positions)
             h = h + self.mlp(i, rms_norm(h, self.layers[i]["post_norm"], c.rms_norm_eps))

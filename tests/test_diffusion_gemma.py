@@ -752,7 +752,7 @@ def test_convert_and_load_round_trip(tmp_path):
     canvas = np.random.default_rng(24).integers(0, VOCAB, (2, C))
     ours = dg.decoder_logits(m.params, ids, mask, canvas, m.config)
     np.testing.assert_allclose(np.asarray(ours), hf_decoder_logits(hf, ids, mask, canvas), atol=FP32_TOL, rtol=0)
-    encoder_scalars = [float(m.params["layers"][i]["encoder_layer_scalar"][0]) for i in (0, 2, 3)]  # the sliding ones
+    encoder_scalars = [float(m.params["canvas_layers"][i]["encoder_layer_scalar"][0]) for i in (0, 2, 3)]  # the sliding ones
     ref = [float(hf.model.encoder.language_model.layers[i].layer_scalar) for i in (0, 2, 3)]
     np.testing.assert_allclose(encoder_scalars, ref, rtol=1e-6)
 

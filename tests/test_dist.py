@@ -131,6 +131,19 @@ for label, kw in (("mesh 2x4", dict(mesh=make_mesh(2, 4))), ("pmap 2", dict(devi
     res["slots"][label] = dict(tokens=bool((got.tokens == one.tokens).all()), nfe=bool((got.nfe == one.nfe).all()),
                                slots=got.slots, more_passes=got.forward_passes > one.forward_passes)
 
+# dInfer's decoders on a mesh (data and model split; 7 rows over 2 data shards): credit writes its own block
+# (inserts / deletes carried, zeros), smooth carries a soft input [B, G, D] (model-split embedding table), in slots.
+res["dinfer"] = {}
+for label, rule, kw in (("credit 2x4", ll.rule("credit", threshold=0.5), dict(mesh=make_mesh(2, 4))),
+                        ("smooth 2x4 slots 3", ll.rule("smooth", threshold=0.5), dict(mesh=make_mesh(2, 4), slots=3))):
+    cfg = ll.DecodeConfig(strategy=rule, gen_length=8, block_length=4)
+    one = ll.generate(model, ids, mask, cfg)
+    got = ll.generate(model, ids, mask, cfg, **kw)
+    res["dinfer"][label] = dict(tokens=bool((got.tokens == one.tokens).all()), nfe=bool((got.nfe == one.nfe).all()),
+                                counts=[got.inserts.tolist(), got.deletes.tolist()] == [one.inserts.tolist(),
+                                                                                       one.deletes.tolist()],
+                                spread=len(set(one.nfe.tolist())) > 1)
+
 # A block-diffusion model (SDAR: per-row block grids, the exact block cache) on meshes: as one device.
 sdar = ll.load(sys.argv[3], dtype="float32")
 sids, smask = left_pad([[5, 17, 42, 9, 9], [120, 3, 3, 250, 11, 12, 13], [77], [8, 9, 10, 11, 12, 13, 14, 15, 16]],
@@ -250,6 +263,12 @@ def test_slots_on_a_mesh_and_with_pmap_equal_one_device(eight_devices):
     """5 prompts, 3 slots over 2 data shards (2 per shard, 3 prompts each): slots refilled, tokens as one device."""
     for label, got in eight_devices["slots"].items():
         assert got == dict(tokens=True, nfe=True, slots=4, more_passes=True), label
+
+
+@pytest.mark.slow
+def test_dinfers_decoders_on_a_mesh_and_in_slots_equal_one_device(eight_devices):
+    for label, got in eight_devices["dinfer"].items():
+        assert got == dict(tokens=True, nfe=True, counts=True, spread=True), label
 
 
 @pytest.mark.slow

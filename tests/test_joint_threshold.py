@@ -288,7 +288,9 @@ def test_traces_record_edits_as_a_clause_of_their_own(llada):
     untraced = llada.ours(prompts, ll.rule("joint_threshold"), gen_length=16, block_length=8)
     assert np.array_equal(untraced.tokens, out.tokens) and np.array_equal(untraced.edits, out.edits)
     threshold = llada.ours(prompts, ll.rule("threshold"), gen_length=16, block_length=8, trace=True)
-    assert threshold.edits is None and threshold.trace.edit is None and not threshold.trace.edited.any()
+    # a rule that never edits: out.edits is zeros [B] (an int array for every rule), the trace holds no edit buffer
+    assert threshold.edits.tolist() == [0] * len(prompts) and threshold.edits.dtype == np.int32
+    assert threshold.trace.edit is None and not threshold.trace.edited.any()
 
 
 def test_a_saved_trace_keeps_its_edits(llada, tmp_path):

@@ -20,7 +20,7 @@ EXPECTED = [
     r"^\['top1', 'relaxed', '-', '-', 'relaxed', '-'\]$",              # one rule step by hand
     r"^\[\(0\.5, \d+\), \(0\.5, \d+\), \(0\.7, \d+\), .*\(0\.95, \d+\)\]$",  # per-row kappas
     r"confident NFE \[\d+\] \['.*#### 11'\]\nsteady NFE \[\d+\] \['.*#### 11'\]",  # a user's rules, by name
-    r"^threshold NFE \[\d+\] edits None \['.*#### 11'\]\nrecheck NFE \[\d+\] edits \[[1-9]\d*\] \[.*\]$",  # edits
+    r"^threshold NFE \[\d+\] edits \[0\] \['.*#### 11'\]\nrecheck NFE \[\d+\] edits \[[1-9]\d*\] \[.*\]$",  # edits
     r"^dllm_cache:\S+ NFE \[\d+\] \['.*#### 11'\]\ndkv:reload_every=8 NFE \[\d+\] \['.*#### 11'\]\n"
     r"vicinity:\S+ NFE \[\d+\] \['.*#### 11'\]$",                          # the field's caches
     r"^\[-\d+\.\d -\d+\.\d -\d+\.\d\] best: 7$",                     # log-likelihood of three choices

@@ -296,3 +296,18 @@ def test_indel_terminates_within_the_bound_and_leaves_no_special_token():
     assert all(p <= T + budget + 1 for p in out.passes_per_block) and out.capped == 0
     assert not np.isin(out.tokens, [MASK, DELETE, SPLIT]).any()
     assert out.extra["deletes"] + out.extra["splits"] > 0  # the case exercised the rebuild
+
+
+def test_indel_a_mask_written_back_is_no_edit():
+    # pass 1: all four commit -> [10 11 12 13].  pass 2 (post-edit 1 of 3): index 0 predicts the MASK id (0.9): a
+    # T2T write that leaves a mask (introduced: not original), no edit (an edit writes an ordinary token).
+    # pass 3 (post 2): only introduced masks: every mask commits: index 0 -> 5 (the stub's mask default).
+    # pass 4 (post 3 >= 3): cleanup; nothing to write: ends.  NFE 4, edits 0, commits 5.
+    def rules(b):
+        if b == (M, M, M, M):
+            return {i: (10 + i, 0.9) for i in range(4)}
+        return {0: (MASK, 0.9)} if b == (10, 11, 12, 13) else {}
+
+    out = _indel(_block_stub(rules))
+    assert [e["tokens"] for e in out.log] == [[10, 11, 12, 13], [M, 11, 12, 13], [5, 11, 12, 13], [5, 11, 12, 13]]
+    assert (out.nfe, out.edits, out.commits) == (4, 0, 5)

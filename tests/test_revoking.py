@@ -102,16 +102,23 @@ def test_the_bound_is_hit_and_reported_never_hung(sharp):
 def test_the_loop_holds_each_rules_traits_as_declared():
     """The traits the loop's compile-time settings hold are those each rule's docstring declares (read once, by
     rules.traits_of), and the cache follows them: the probed pass for a rule that probes."""
-    from localleap_jax.decode.cache import ProbedNoCache
+    from localleap_jax.decode.cache import ProbedNoCache, SoftNoCache
     from localleap_jax.rules import RuleTraits
 
     declared = {"threshold": RuleTraits(), "saber": RuleTraits("generated", False, ("dropped",), False),
                 "remdm": RuleTraits("generated", False, ("least_likely",), True),
-                "wino": RuleTraits("block", True, ("narrow_out",), True)}
+                "wino": RuleTraits("block", True, ("narrow_out",), True),
+                "credit": RuleTraits(rewrites=True), "hierarchy": RuleTraits(),
+                "smooth": RuleTraits(resets_state=False, soft_input=True),
+                "joint_threshold_indel": RuleTraits(edit_names=("changed",), ends_blocks=True, rewrites=True)}
     for name, traits in declared.items():
         loop = ll.DecodeConfig(strategy=name, gen_length=16, block_length=16).loop_settings()
         assert loop.traits == traits, name
         assert isinstance(loop.cache, ProbedNoCache) == traits.probes, name
+        assert isinstance(loop.cache, SoftNoCache) == traits.soft_input, name
+
+
+_real_apply = decode_step.apply_decision
 
 
 def test_a_rule_that_only_commits_never_traces_the_remask_path(sharp, monkeypatch):
@@ -133,10 +140,26 @@ def test_a_rule_that_only_commits_never_traces_the_remask_path(sharp, monkeypatc
     def unreachable(*a, **k):
         raise AssertionError("the remask path was traced")
 
+    def no_soft_input(*a, **k):
+        raise AssertionError("the soft input was traced")
+
+    from localleap_jax.denoiser import ModelDenoiser
+
     monkeypatch.setattr(decode_step, "apply_decision", unreachable)
+    monkeypatch.setattr(ModelDenoiser, "soft_embedding", no_soft_input)
+    monkeypatch.setattr(ModelDenoiser, "no_soft", no_soft_input)
     assert jaxpr(ll.rule("threshold")) == before  # the same program, with the remask path gone
-    with pytest.raises(AssertionError, match="remask path was traced"):
-        jaxpr(ll.rule("wino"))
+    # every trait that makes a rule return a Decision traces that path: remasks, edits and block ends, a rewritten
+    # block (credit, insert/delete), a soft input (smooth: which also traces the soft input, and only it)
+    for name in ("wino", "joint_threshold", "credit", "hierarchy", "smooth"):
+        if name == "hierarchy":  # a rule that only commits, with a new clause: the same path as threshold
+            jaxpr(ll.rule(name))
+            continue
+        with pytest.raises(AssertionError, match="remask path was traced|soft input was traced"):
+            jaxpr(ll.rule(name))
+    monkeypatch.setattr(decode_step, "apply_decision", _real_apply)
+    with pytest.raises(AssertionError, match="soft input was traced"):
+        jaxpr(ll.rule("smooth"))
 
 
 def test_traces_record_remasks_and_the_dynamics_count_them(sharp):
@@ -288,7 +311,8 @@ class _Keeps(RuleBase):
     (_ProbesOverRegion(), r"probes_over_region: probes score the current block"),
     (_NamesAsString(), r"names_as_string: remask_names='undo' must be a tuple of names"),
     (_ProbesAsText(), r"probes_as_text: probes='yes' must be True or False"),
-    (_Duck(), r"^rule 'duck' lacks region, probes, remask_names, resets_state, edit_names, ends_blocks, canvas, validate, "
+    (_Duck(), r"^rule 'duck' lacks region, probes, remask_names, resets_state, edit_names, ends_blocks, canvas, rewrites, "
+              r"soft_input, validate, "
               r"with_rows, pass_bound, min_passes, spec of the Rule protocol: subclass ll.rules.RuleBase"),
     (ll.any_of(ll.rule("threshold"), _Keeps()), r"^keeps keeps its state across blocks: it cannot be combined with "
                                                 r"any_of/all_of"),

@@ -324,6 +324,9 @@ def test_every_rule_on_the_hand_computed_boundary_cases(case):
         assert {i: rule.clause_names[code[i] - 1] for i in np.flatnonzero(code)} == step.expect, case.id
 
 
+DINFER = ("credit", "hierarchy", "smooth")
+
+
 def test_the_table_reaches_every_clause_of_every_rule():
     reached = {(c.rule, clause) for c in CASES for st in c.steps for clause in st.expect.values()}
     for name in R.RULES:
@@ -332,6 +335,8 @@ def test_the_table_reaches_every_clause_of_every_rule():
         if ll.rule(name).edit_names:  # rules that edit: test_joint_threshold.py, against SGLang's loop
             continue
         if ll.rule(name).canvas:  # canvas rules (no masks): test_diffusion_gemma.py, against transformers' sampler
+            continue
+        if name in DINFER:  # dInfer's decoders: their boundaries by hand in test_dinfer.py, and against dInfer's loop
             continue
         for clause in ll.rule(name).clause_names:
             assert (name, clause) in reached, (name, clause)

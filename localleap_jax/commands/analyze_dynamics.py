@@ -286,6 +286,8 @@ def print_headline(result: dict) -> None:
         print(f"{'tokens replaced (edits per answer)':<44}{edited['edits_per_row']:>10.2f}{'-':>9}   "
               f"({edited['edits']} in all; by clause {edited['by_clause']}; by tenth of the generated region "
               f"{edited['by_tenth_of_the_region']})")
+    if edited.get("inserts") or edited.get("deletes"):
+        print(f"{'positions inserted / dropped (in all)':<44}{edited['inserts']:>10}{edited['deletes']:>9}")
 
 
 def main(argv=None) -> int:

@@ -289,9 +289,11 @@ def evaluate_all(model, strategies, caches, settings, task, out, progress) -> tu
 def print_table(summary: dict) -> None:
     names_ = list(summary)
     same_key = next((k for s in summary.values() for k in s if k.startswith("identical_to_")), None)
+    indel = any(s.get("mean_inserts") or s.get("mean_deletes") for s in summary.values())  # insert/delete columns
     width = max(16, max(map(len, names_)) + 2)
     print(f"\n{'strategy':<{width}}{'strict':>8}{'flexible':>10}{'mean NFE':>10}{'remasks':>9}{'edits':>8}"
-          f"{'NFE ratio':>11}"
+          + (f"{'inserts':>9}{'deletes':>9}" if indel else "")
+          + f"{'NFE ratio':>11}"
           f"{'speedup':>9}"
           f"{'tok/s':>9}{'s/sample':>10}{'compile s':>11}{'passes':>8}{'occupied':>9}{'n':>6}"
           + (f"{'same':>7}" if same_key else ""))
@@ -300,7 +302,8 @@ def print_table(summary: dict) -> None:
         same = f"{s[same_key]:>7.2f}" if same_key and same_key in s else ("      -" if same_key else "")
         print(f"{name:<{width}}{s['accuracy_strict']:>8.3f}{s['accuracy_flexible']:>10.3f}{s['mean_nfe']:>10.1f}"
               f"{s.get('mean_remasks', 0.0):>9.2f}{s.get('mean_edits', 0.0):>8.2f}"
-              f"{s['nfe_ratio']:>11.3f}{s['speedup']:>8.2f}x{s['tokens_per_second']:>9.1f}"
+              + (f"{s.get('mean_inserts', 0.0):>9.2f}{s.get('mean_deletes', 0.0):>9.2f}" if indel else "")
+              + f"{s['nfe_ratio']:>11.3f}{s['speedup']:>8.2f}x{s['tokens_per_second']:>9.1f}"
               f"{s['seconds_per_sample']:>10.4f}{s['compile_seconds']:>11.1f}"
               + (f"{s['passes']:>8.0f}{s['occupancy']:>9.2f}" if s.get("passes") is not None else f"{'-':>8}{'-':>9}")
               + f"{s['n']:>6}{same}")

@@ -93,6 +93,9 @@ GRIDS = {
         "entropy": {"steps": [PerStep(16)]},
         "klass": {"tau_c": [0.9], "tau_kl": [0.01]},
         "stable": {"k": [2], "c_min": [0.5]},
+        "credit": {"threshold": [0.7, 0.9]},
+        "hierarchy": {"low_threshold": [0.3, 0.5]},
+        "smooth": {"threshold": [0.7, 0.9]},
     },
     "large": {
         "low_confidence": {"steps": [PerStep(16), PerStep(8), PerStep(4), PerStep(2), PerStep(1)]},
@@ -104,6 +107,10 @@ GRIDS = {
         "entropy": {"steps": [PerStep(16), PerStep(8), PerStep(4), PerStep(2)]},
         "klass": {"tau_c": [0.6, 0.8, 0.9], "tau_kl": [0.001, 0.01, 0.05]},
         "stable": {"k": [1, 2, 3], "c_min": [0.3, 0.5, 0.7]},
+        # dInfer's: its scripts' thresholds, the credit weight halved and doubled, the authors' hierarchy pairs
+        "credit": {"threshold": [0.7, 0.8, 0.9, 0.95], "credit_alpha": [0.35, 0.7, 1.4]},
+        "hierarchy": {"threshold": [None, 0.8, 0.9, 0.92], "low_threshold": [0.3, 0.4, 0.5, 0.62, 0.75]},
+        "smooth": {"threshold": [0.7, 0.8, 0.9, 0.95], "cont_weight": [0.15, 0.3]},
     },
 }
 # Figure 4: LocalLeap's centre (the paper's defaults) and the values each ablation visits.

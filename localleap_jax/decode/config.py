@@ -16,7 +16,7 @@ import numpy as np
 
 from localleap_jax import rules
 from localleap_jax.decode.cache import (BIDIRECTIONAL_CACHES, CACHE_POLICIES, CANVAS_CACHES, ProbedNoCache,
-                                       SubBlockCache, policy_from_json, policy_to_json)
+                                       SoftNoCache, SubBlockCache, policy_from_json, policy_to_json)
 from localleap_jax.decode.cache import resolve as resolve_cache
 from localleap_jax.decode.canvas import grid_tail
 from localleap_jax.decode.loop import LoopSettings
@@ -49,8 +49,9 @@ class DecodeConfig:
     prompt_bucket: int = 64  # prompts are left-padded to a multiple of this, to bound recompiles
     # The loop's bound on forward passes. None: the rule's own (`rule.pass_bound`): gen_length for a rule that only
     # commits (it commits a token per pass) and for WINO (a pass nets a token), 4 x gen_length for Saber, ReMDM's
-    # schedule's exact count, blocks x (block_length + max_post_edit_steps + 1) for joint_threshold; a user's revoking
-    # (or block-ending) rule gets gen_length unless it says more. Rows that reach it with masks left: `out.hit_bound`.
+    # schedule's exact count, blocks x (block_length + max_post_edit_steps + 1) for joint_threshold(_indel); a user's
+    # revoking (or block-ending) rule gets gen_length unless it says more. Rows that reach it with masks left:
+    # `out.hit_bound`.
     max_passes: int | None = None
     # The rule commits in sub-blocks of this many positions of each block, in order (Fast-dLLM v2's small blocks).
     # None: the model family's own (Fast-dLLM v2: 8; others have none); refused for a family without sub-blocks.
@@ -115,12 +116,13 @@ class DecodeConfig:
         return self.cache if self.cache == "auto" else self.cache.spec()
 
     def loop_policy(self, model=None):
-        """The policy the loop runs: the probed pass when the rule probes, the sub-block cache with the family's
-        sub-blocks, else the cache's."""
+        """The policy the loop runs: the probed pass when the rule probes, the pass with a soft input when the rule
+        feeds one, the sub-block cache with the family's sub-blocks, else the cache's."""
         S = self.sub_blocks(model)
         S = S if 0 < S < self.block_length else 0
         policy = self.cache_policy(model)
-        return ProbedNoCache() if self.traits.probes else SubBlockCache(S) if policy.name == "subblock" else policy
+        return (ProbedNoCache() if self.traits.probes else SoftNoCache() if self.traits.soft_input
+                else SubBlockCache(S) if policy.name == "subblock" else policy)
 
     def validate(self, model=None, *, canvas: bool = True) -> "DecodeConfig":
         """Refuse, in one line, anything that cannot run. `model` (a ModelConfig) adds the checks that depend
@@ -237,10 +239,20 @@ class DecodeConfig:
         name, region, probes = self.rule.name, self.traits.region, self.traits.probes
         mode, policy = self.cache_mode(model), self.cache_policy(model)
         covering = ", ".join(repr(n) for n, p in CACHE_POLICIES.items() if p.region and "bidirectional" in p.fits)
-        if (self.traits.revokes or self.traits.edits) and not getattr(policy, "whole_block", True):
-            raise DecodeError(f"{name} {'takes commits back' if self.traits.revokes else 'edits tokens'}, reading "
-                              f"the block's decoded positions; the '{mode}' cache computes only some positions of "
-                              "the block: use 'none', 'prefix', 'dual', 'dllm_cache' or 'vicinity'")
+        changes = ("takes commits back" if self.traits.revokes else "edits tokens" if self.traits.edits
+                   else "rewrites its block" if self.traits.rewrites else None)
+        if changes and not getattr(policy, "whole_block", True):
+            raise DecodeError(f"{name} {changes}, reading the block's decoded positions; the '{mode}' cache computes "
+                              "only some positions of the block: use 'none', 'prefix', 'dual', 'dllm_cache' or "
+                              "'vicinity'")
+        if self.traits.soft_input:
+            if grid:
+                raise DecodeError(f"{name} feeds each pass the previous pass's distribution over the whole canvas "
+                                  "(iteration smoothing, dInfer's bidirectional path); this model is block-causal: use "
+                                  "it on a bidirectional model (LLaDA, LLaDA-MoE, Dream)")
+            if mode != "none":
+                raise DecodeError(f"{name} feeds each pass an input embedding over the whole canvas: use cache 'none' "
+                                  f"(what 'auto' picks), not '{mode}' (a cached pass recomputes only part of it)")
         if region != "block" or probes:
             if grid:
                 raise DecodeError(f"{name} works on a bidirectional model's canvas; this model is block-causal")

@@ -66,6 +66,7 @@ class LoopState(NamedTuple):
     record: Any  # the recorder's state (() when not recording)
     remasks: Any = ()  # [B] tokens taken back per row, for a rule that revokes (else (): nothing in the program)
     edits: Any = ()  # [B] tokens replaced per row, for a rule that edits (else (): nothing in the program)
+    indels: Any = ()  # ([B] positions inserted, [B] dropped) per row, for a rule that rewrites (else ())
 
 
 class LoopOutput(NamedTuple):
@@ -76,6 +77,7 @@ class LoopOutput(NamedTuple):
     record: Any
     remasks: Any = ()
     edits: Any = ()
+    indels: Any = ()
 
 
 class PerRow(NamedTuple):
@@ -117,11 +119,14 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
     region = canvas.region(state.x, block, region_kind)
     free = free_pass(state, block, canvas, special) if loop.free_tokens else None
     starting = state.step_in_block == 0 if free is None else free
+    soft = loop.traits.soft_input  # static: the next pass's input comes from this pass's whole generated region
     view = PassView(state.done, starting, state.block, state.step_in_block,
-                    loop.recorder.wants_region or region_kind == "generated",
+                    loop.recorder.wants_region or region_kind == "generated" or soft,
                     lambda h: predict(denoiser.head(h), loop.scoring._replace(temperature=0.0), special, None)[:2])
     hidden = policy.forward(denoiser, canvas, state.x, block, state.cache, view)
     h_region = hidden.block if region.valid is None else hidden.region
+    # the generated region's logits, for a rule that feeds the next pass (the block's are among them)
+    region_logits = denoiser.head(hidden.region) if soft else None
     R = loop.sub_block_length or T  # the rule's block: the block, or its current sub-block
     if loop.sub_block_length:
         region, h_region = current_sub_block(block, hidden.block, R, special.mask)
@@ -134,10 +139,18 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
                             state.rule_state, scoring=loop.scoring, special=special, key=key, gen_length=G,
                             block_length=R, num_blocks=canvas.row_blocks * (T // R), valid=region.valid,
                             held_out=hidden.held_out, traits=loop.traits, idx=region.idx,
-                            prompt_length=canvas.prompt_length)
+                            prompt_length=canvas.prompt_length,
+                            logits=None if region_logits is None else rows_take(region_logits,
+                                                                                region.idx - canvas.prompt_length))
     if free is not None:
         step = commit_free_tokens(step, free, region.tokens, state.rule_state, forced=len(rule.clause_names) + 1)
     x = state.x.at[jnp.arange(B)[:, None], region.idx].set(step.tokens)
+    # What the next pass needs of this one (step.feed: its soft input, read by the policy's update): the rule's weight
+    # at every generated position still masked after this pass's writes (a canvas rule's step fills it itself).
+    if soft:
+        P = canvas.prompt_length
+        still = x[:, P:P + region_logits.shape[1]] == special.mask
+        step = step._replace(feed=(region_logits, step.soft_weight[:, None] * still.astype(jnp.float32)))
 
     if loop.traits.canvas:  # a canvas has no masks: it ends when its rule says (its stop, or its last pass)
         block_full = step.finished
@@ -189,6 +202,9 @@ def one_pass(denoiser: Denoiser, state: LoopState, at: Pass, rng: jax.Array | No
         record=record,
         remasks=() if step.remask is None else state.remasks + jnp.sum(step.remask > 0, axis=1, dtype=jnp.int32),
         edits=() if step.edit is None else state.edits + jnp.sum(step.edit > 0, axis=1, dtype=jnp.int32),
+        indels=() if not loop.traits.rewrites else tuple(
+            n if marks is None else n + jnp.sum(marks, axis=1, dtype=jnp.int32)
+            for n, marks in zip(state.indels, (step.insert, step.delete))),
     )
 
 
@@ -219,9 +235,10 @@ def commit_free_tokens(step: StepResult, free: Bool[Array, "B"], tokens: Int[Arr
     remask = None if step.remask is None else jnp.where(free[:, None], jnp.int8(0), step.remask)
     edit = None if step.edit is None else jnp.where(free[:, None], jnp.int8(0), step.edit)
     finished = None if step.finished is None else step.finished & ~free
+    insert, delete = (None if m is None else m & ~free[:, None] for m in (step.insert, step.delete))
     return step._replace(code=code, tokens=jnp.where(free[:, None], jnp.where(first, step.pred, tokens), step.tokens),
                          rule_state=rows_where(free, rule_state, step.rule_state), remask=remask, edit=edit,
-                         finished=finished)
+                         finished=finished, insert=insert, delete=delete)
 
 
 def initial_state(denoiser: Denoiser, canvas: Canvas, rows: PerRow, *, loop: LoopSettings,
@@ -237,8 +254,9 @@ def initial_state(denoiser: Denoiser, canvas: Canvas, rows: PerRow, *, loop: Loo
                       rows.cache.init(denoiser, canvas), rule_state0,
                       loop.recorder.init(B, loop.gen_length, row_bound(loop, canvas) if loop.free_tokens
                                          else loop.max_passes or loop.gen_length,  # store passes: more than G
-                                         loop.traits.edits),
-                      zeros if loop.traits.revokes else (), zeros if loop.traits.edits else ())
+                                         loop.traits.edits, loop.traits.rewrites),
+                      zeros if loop.traits.revokes else (), zeros if loop.traits.edits else (),
+                      (zeros, zeros) if loop.traits.rewrites else ())
     return state, Pass(canvas, rule, rule_state0, draws, cache=rows.cache)
 
 
@@ -271,4 +289,5 @@ def decode_loop(denoiser: Denoiser, ids: Int[Array, "B P"], mask: Bool[Array, "B
         return ~jnp.all(state.done) & (state.passes < bound)
 
     state = jax.lax.while_loop(cond, body, state)
-    return LoopOutput(state.x, state.nfe, state.passes, state.full_passes, state.record, state.remasks, state.edits)
+    return LoopOutput(state.x, state.nfe, state.passes, state.full_passes, state.record, state.remasks, state.edits,
+                      state.indels)

@@ -1,6 +1,6 @@
 """Recorders: what the loop writes down about each pass besides the canvas.
 
-    state = recorder.init(batch, gen_length, passes, edits)
+    state = recorder.init(batch, gen_length, passes, edits, indels)
     state = recorder.update(state, head, hidden_region, region, step, nfe, scoring, special)   # every pass
     trace = recorder.to_host(state, x, nfe, prompt_length, clause_names, remask_names, edit_names)   # after the loop
 
@@ -27,7 +27,7 @@ from localleap_jax.trace import FORCED, Trace
 class Recorder(Protocol):
     wants_region: bool
 
-    def init(self, batch: int, gen_length: int, passes: int, edits: bool = False) -> Any: ...
+    def init(self, batch: int, gen_length: int, passes: int, edits: bool = False, indels: bool = False) -> Any: ...
 
     def update(self, state: Any, head, hidden_region: Float[Array, "B G D"] | None, region: Region, step: StepResult,
                nfe: Int[Array, "B"], prompt_length: int, scoring: Scoring, special: SpecialIds) -> Any: ...
@@ -41,7 +41,7 @@ class Recorder(Protocol):
 class NoRecorder:
     wants_region: ClassVar[bool] = False
 
-    def init(self, batch, gen_length, passes, edits=False):
+    def init(self, batch, gen_length, passes, edits=False, indels=False):
         return ()
 
     def update(self, state, head, hidden_region, region, step, nfe, prompt_length, scoring, special):
@@ -59,6 +59,7 @@ class TraceBuffers(NamedTuple):
     clause: Int[Array, "B S G"]
     commit_pass: Int[Array, "B G"]
     edit: Any = ()  # [B, S, G] int8 edit codes (a rule that edits; else (): not in the program)
+    indel: Any = ()  # [B, S, G] int8: 1 a position dropped, 2 one inserted (a rule that rewrites; else ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,11 +68,12 @@ class TraceRecorder:
 
     wants_region: ClassVar[bool] = True
 
-    def init(self, batch, gen_length, passes, edits=False):
+    def init(self, batch, gen_length, passes, edits=False, indels=False):
         B, G, S = batch, gen_length, passes
         return TraceBuffers(jnp.full((B, S, G), -1, jnp.int32), jnp.full((B, S, G), jnp.nan, jnp.float32),
                             jnp.zeros((B, S, G), jnp.int8), jnp.full((B, G), -1, jnp.int32),
-                            jnp.zeros((B, S, G), jnp.int8) if edits else ())
+                            jnp.zeros((B, S, G), jnp.int8) if edits else (),
+                            jnp.zeros((B, S, G), jnp.int8) if indels else ())
 
     def update(self, state, head, hidden_region, region, step, nfe, prompt_length, scoring, special):
         B, G = state.commit_pass.shape
@@ -103,8 +105,14 @@ class TraceRecorder:
         edit = state.edit
         if step.edit is not None:  # edits, a clause of their own: codes k > 0 (edit_names[k - 1]) in their buffer
             edit = keep(edit, jnp.zeros((B, G), jnp.int8).at[rows, at].set(step.edit, mode="drop"))
+        indel = state.indel
+        if step.insert is not None or step.delete is not None:  # where the pass dropped / inserted a position
+            marks = jnp.zeros(step.code.shape, jnp.int8)
+            for k, m in ((1, step.delete), (2, step.insert)):
+                marks = marks if m is None else jnp.where(m, jnp.int8(k), marks)
+            indel = keep(indel, jnp.zeros((B, G), jnp.int8).at[rows, at].set(marks, mode="drop"))
         return TraceBuffers(keep(state.pred, region_pred), keep(state.conf, region_conf),
-                            keep(state.clause, region_code), commit_pass, edit)
+                            keep(state.clause, region_code), commit_pass, edit, indel)
 
     def to_host(self, state, x, nfe, prompt_length, clause_names, remask_names=(), edit_names=()):
         clause = np.asarray(state.clause)
@@ -115,4 +123,5 @@ class TraceRecorder:
                      commit_pass=np.asarray(state.commit_pass), passes=np.asarray(nfe),
                      remask_names=tuple(remask_names),
                      edit=None if isinstance(state.edit, tuple) else np.asarray(state.edit),
-                     edit_names=tuple(edit_names))
+                     edit_names=tuple(edit_names),
+                     indel=None if isinstance(state.indel, tuple) else np.asarray(state.indel))

@@ -44,8 +44,10 @@ class Generation:
     trace: Trace | None = None  # with generate(..., trace=True)
     hit_bound: np.ndarray | None = None  # [B] bool: rows stopped by max_passes with masks left (a rule that revokes)
     remasks: np.ndarray | None = None  # [B] tokens each row took back (a rule that revokes; None for one that does not)
-    edits: np.ndarray | None = None  # [B] tokens each row replaced by a different one (a rule that edits; else None)
+    edits: np.ndarray | None = None  # [B] int: tokens each row replaced by another (zeros: a rule that never edits)
     slots: int | None = None  # rows the loop held at once (all the batch's, unless generate(..., slots=S))
+    inserts: np.ndarray | None = None  # [B] int: positions each row inserted (LLaDA2.2's SPLIT; zeros for other rules)
+    deletes: np.ndarray | None = None  # [B] int: positions each row dropped (LLaDA2.2's DELETE; zeros for other rules)
 
     @property
     def occupancy(self) -> float:
@@ -138,7 +140,7 @@ class OneDevice:
     def fetch(self, out, batch):
         return LoopOutput(np.asarray(out.x), np.asarray(out.nfe), int(out.passes), int(out.full_passes),
                           jax.tree.map(np.asarray, out.record), jax.tree.map(np.asarray, out.remasks),
-                          jax.tree.map(np.asarray, out.edits))
+                          jax.tree.map(np.asarray, out.edits), jax.tree.map(np.asarray, out.indels))
 
 
 def pad_rows(a, rows: int) -> np.ndarray:
@@ -265,8 +267,16 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
                       trace=loop.recorder.to_host(out.record, out.x, out.nfe, P, rule.clause_names,
                                                   loop.traits.remask_names, loop.traits.edit_names),
                       hit_bound=hit_bound, remasks=None if isinstance(out.remasks, tuple) else out.remasks,
-                      edits=None if isinstance(out.edits, tuple) else out.edits,
+                      edits=counts(out.edits, B), inserts=counts(out.indels[:1], B), deletes=counts(out.indels[1:], B),
                       slots=placement.rows(B) if program.per_shard is None else program.per_shard * shards)
+
+
+def counts(counted, batch: int) -> np.ndarray:
+    """A per-row count the loop kept (an array, or the first of a tuple of them), or zeros [batch] where it kept none
+    (the rule never edits, inserts, drops)."""
+    if isinstance(counted, tuple):
+        counted = counted[0] if counted else None
+    return np.zeros(batch, np.int32) if counted is None else np.asarray(counted, np.int32)
 
 
 def generate(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,

@@ -41,6 +41,7 @@ class Results(NamedTuple):
     record: Any  # the recorder's per-row state, one per prompt
     remasks: Any  # [N] (a rule that revokes) or ()
     edits: Any = ()  # [N] (a rule that edits) or ()
+    indels: Any = ()  # ([N] inserted, [N] dropped) (a rule that rewrites) or ()
 
 
 class SlotState(NamedTuple):
@@ -77,18 +78,19 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
     rule = per_row_settings(rule, loop)
     rule0 = take_rows(rule, first)
     state0, at0 = initial_state(denoiser, canvas0, rule0, loop=loop, draws=draws)
-    fresh = (state0.rule_state, state0.record, state0.remasks, state0.edits)  # a row's state before its first pass
+    fresh = (state0.rule_state, state0.record, state0.remasks, state0.edits, state0.indels)  # before a row's first pass
     bound = row_bound(loop, queue)  # passes one row may work
     results = Results(queue.x0, jnp.zeros((N,), jnp.int32),
                       jax.tree.map(lambda a: jnp.broadcast_to(a[:1], (N,) + a.shape[1:]), state0.record),
                       () if isinstance(state0.remasks, tuple) else jnp.zeros((N,), jnp.int32),
-                      () if isinstance(state0.edits, tuple) else jnp.zeros((N,), jnp.int32))
+                      () if isinstance(state0.edits, tuple) else jnp.zeros((N,), jnp.int32),
+                      jax.tree.map(lambda a: jnp.zeros((N,), jnp.int32), state0.indels))
 
     def hand_over(st: SlotState, every: bool = False) -> SlotState:
         """Finished rows' results (`every`: all rows') go to their prompts; their slots then hold none."""
         finished = (st.loop.done | every) & (st.prompt >= 0)
         dest = jnp.where(finished, st.prompt, N)
-        rows = Results(st.loop.x, st.loop.nfe, st.loop.record, st.loop.remasks, st.loop.edits)
+        rows = Results(st.loop.x, st.loop.nfe, st.loop.record, st.loop.remasks, st.loop.edits, st.loop.indels)
         return st._replace(results=write_rows(st.results, rows, dest), prompt=jnp.where(finished, -1, st.prompt))
 
     def body(st: SlotState) -> SlotState:
@@ -107,8 +109,8 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
         layout = tuple(jnp.where(takes.reshape((S,) + (1,) * (a.ndim - 1)), getattr(queue, f)[j], a)
                        for f, a in zip(_LAYOUT, st.layout))
         canvas = dataclasses.replace(queue, **dict(zip(_LAYOUT, layout)))
-        rule_state, record, remasks, edits = rows_where(takes, fresh, (state.rule_state, state.record, state.remasks,
-                                                                       state.edits))
+        rule_state, record, remasks, edits, indels = rows_where(
+            takes, fresh, (state.rule_state, state.record, state.remasks, state.edits, state.indels))
         settings = rows_where(takes, take_rows(rule, j), st.rule)
         zero = jnp.zeros_like(state.nfe)
         state = state._replace(
@@ -116,7 +118,7 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
             block=jnp.where(takes, zero, state.block), step_in_block=jnp.where(takes, zero, state.step_in_block),
             done=state.done & ~takes, nfe=jnp.where(takes, zero, state.nfe),
             cache=settings.cache.refill(denoiser, canvas, state.cache, takes),
-            rule_state=rule_state, record=record, remasks=remasks, edits=edits)
+            rule_state=rule_state, record=record, remasks=remasks, edits=edits, indels=indels)
         return SlotState(state, layout, settings,
                          jnp.where(takes, j, st.prompt), st.queued + jnp.sum(takes, dtype=jnp.int32), st.results)
 
@@ -129,4 +131,4 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
                    jnp.int32(S), results)
     st = hand_over(jax.lax.while_loop(cond, body, st), every=True)  # (rows cut by the bound on passes too)
     r = st.results
-    return LoopOutput(r.x, r.nfe, st.loop.passes, st.loop.full_passes, r.record, r.remasks, r.edits)
+    return LoopOutput(r.x, r.nfe, st.loop.passes, st.loop.full_passes, r.record, r.remasks, r.edits, r.indels)

@@ -74,7 +74,12 @@ class StepResult(NamedTuple):
     remask: Int[Array, "B T"] | None = None  # int8 remask codes (k: remask_names[k - 1]); None: the rule never does
     edit: Int[Array, "B T"] | None = None  # int8 edit codes (k: edit_names[k - 1]), each a token replaced; None: never
     finished: Bool[Array, "B"] | None = None  # rows whose block the rule finished this pass (ends_blocks); None: never
-    scaled: Float[Array, "B T V"] | None = None  # a canvas rule's pass: its logits at the pass's temperature
+    insert: Bool[Array, "B T"] | None = None  # where the rule inserted a position (rewrites); None: never
+    delete: Bool[Array, "B T"] | None = None  # where the rule dropped a position (rewrites); None: never
+    soft_weight: Float[Array, "B"] | None = None  # the weight of the next pass's input embedding (soft_input)
+    # What the next pass's soft input is made of (logits [B, R, V], weight [B, R]): a canvas rule's pass gives its
+    # temperature-scaled logits (self-conditioning); the loop fills it in for a rule with soft_input. None: nothing.
+    feed: tuple | None = None
 
 
 def denoise_step(head: Callable[[Array], Array], hidden: Float[Array, "B T D"], tokens: Int[Array, "B T"],
@@ -82,14 +87,16 @@ def denoise_step(head: Callable[[Array], Array], hidden: Float[Array, "B T D"], 
                  special: SpecialIds, key: jax.Array | None, gen_length: int, block_length: int,
                  num_blocks: Int[Array, "B"] | int | None = None, valid: Bool[Array, "B T"] | None = None,
                  held_out: Float[Array, "B T D"] | None = None, traits: RuleTraits = RuleTraits(),
-                 idx: Int[Array, "B T"] | None = None, prompt_length: int = 0) -> StepResult:
+                 idx: Int[Array, "B T"] | None = None, prompt_length: int = 0,
+                 logits: Float[Array, "B T V"] | None = None) -> StepResult:
     """One step on each row's region (its current block, or the generated region up to the block's end, `valid`):
     `hidden` are the hidden states that predict it, `tokens` what it holds. Rows that are `done` have no
     candidates. `num_blocks`: the blocks each row decodes (the schedule's steps per block are a rule's `steps`
     over it; default gen_length // block_length). `held_out`: hidden states of the block's probe copy (a rule
     with probes). `traits`: the rule's static traits (whether it takes commits back, edits, ends its blocks).
-    `idx`: the region's canvas indices, those below `prompt_length` being the prompt (never remasked or edited)."""
-    pred, conf, scored = predict(head(hidden), scoring, special, key)
+    `idx`: the region's canvas indices, those below `prompt_length` being the prompt (never remasked or edited).
+    `logits`: the region's logits when the caller has them already (`hidden` is then not read)."""
+    pred, conf, scored = predict(head(hidden) if logits is None else logits, scoring, special, key)
     is_mask = tokens == special.mask
     in_region = ~done[:, None] if valid is None else valid & ~done[:, None]
     candidates = is_mask & in_region
@@ -101,31 +108,38 @@ def denoise_step(head: Callable[[Array], Array], hidden: Float[Array, "B T D"], 
     signals = Signals(logits=scored, pred=pred, conf=conf, candidates=candidates, step=step_in_block,
                       gen_length=gen_length, block_length=block_length, num_blocks=num_blocks, tokens=tokens,
                       valid=valid, mask_id=special.mask, held_out_logits=held_out_logits, idx=idx,
-                      prompt_length=prompt_length)
+                      prompt_length=prompt_length, vocab_limit=special.vocab_limit, delete_id=special.delete,
+                      split_id=special.split)
     # The rule's code runs here, while the loop is traced: a failure in it is one line naming the rule and its line.
     decision, rule_state = run_update(rule, signals, rule_state)
     forced = len(rule.clause_names) + 1
     if not isinstance(decision, Decision):  # a rule that only commits: nothing of the remask/edit path is traced
         if traits.decides:
             declared = [t for t, on in (("remask_names", traits.revokes), ("edit_names", traits.edits),
-                                        ("ends_blocks", traits.ends_blocks)) if on]
+                                        ("ends_blocks", traits.ends_blocks), ("rewrites", traits.rewrites),
+                                        ("soft_input", traits.soft_input)) if on]
             form = ("Decision(commit, remask)" if declared == ["remask_names"] else "Decision(commit, " + ", ".join(
                 f"{f}=..." for f, on in (("remask", traits.revokes), ("edit", traits.edits),
-                                         ("finished", traits.ends_blocks)) if on) + ")")
+                                         ("finished", traits.ends_blocks), ("block", traits.rewrites),
+                                         ("soft_weight", traits.soft_input)) if on) + ")")
             raise DecodeError(f"rule {label(rule)} declares {' and '.join(declared)} but returned "
-                              f"{type(decision).__name__}: a rule that takes commits back, edits or ends its blocks "
-                              f"returns ll.rules.{form}")
+                              f"{type(decision).__name__}: a rule that takes commits back, edits, ends its blocks, "
+                              f"rewrites them or feeds the next pass returns ll.rules.{form}")
         checked(rule, "commit", decision, candidates.shape)
         code = keep_contract(decision, candidates, conf, forced=forced)
         return StepResult(pred, conf, code, jnp.where(code > 0, pred, tokens), rule_state, working)
-    code, remask, edit, finished = apply_decision(decision, rule, traits, candidates, in_region & ~signals.prompt,
-                                                  pred, tokens, conf, special.mask, forced)
-    new = jnp.where(code > 0, pred, tokens)
-    if edit is not None:
-        new = jnp.where(edit > 0, pred, new)
-    if remask is not None:
-        new = jnp.where(remask > 0, special.mask, new)
-    return StepResult(pred, conf, code, new, rule_state, working, remask, edit, finished)
+    held = in_region & ~signals.prompt  # what the rule may change besides commits
+    d = apply_decision(decision, rule, traits, candidates, held, pred, tokens, conf, special.mask, forced)
+    if d.block is not None:  # the region the rule writes, and the loop's own commit where the rule made none
+        new = jnp.where(d.forced, pred, d.block)
+    else:
+        new = jnp.where(d.code > 0, pred, tokens)
+        if d.edit is not None:
+            new = jnp.where(d.edit > 0, pred, new)
+    if d.remask is not None:
+        new = jnp.where(d.remask > 0, special.mask, new)
+    return StepResult(pred, conf, d.code, new, rule_state, working, d.remask, d.edit, d.finished, d.insert, d.delete,
+                      d.soft_weight)
 
 
 def canvas_step(head: Callable[[Array], Array], hidden: Float[Array, "B C D"], tokens: Int[Array, "B C"],
@@ -160,76 +174,124 @@ def canvas_step(head: Callable[[Array], Array], hidden: Float[Array, "B C D"], t
                    - jax.nn.logsumexp(scaled, axis=-1))
     after = jnp.where(finished[:, None], argmax, jnp.where(code > 0, chosen, draws.renoise))
     new = jnp.where(working[:, None], after, tokens)
-    return StepResult(chosen, conf, code, new, rule_state, working, finished=finished, scaled=scaled)
+    # the next pass's self-conditioning: this pass's distribution, none where the canvas just finished
+    weight = jnp.broadcast_to((~finished)[:, None], tokens.shape).astype(jnp.float32)
+    return StepResult(chosen, conf, code, new, rule_state, working, finished=finished, feed=(scaled, weight))
+
+
+_EXPECTED = {"codes": "of bool or int8 clause codes", "bool": "of bool", "ids": "of token ids",
+             "marks": "of bool", "weight": "of floats"}
 
 
 def checked(rule, what: str, value, shape: tuple[int, ...], kinds: str = "codes"):
-    """A rule's commit (or remask, edit) as returned, refused in one line naming the rule when it is not an array of
-    the region's shape holding bool or integer codes (checked while tracing: static shapes and dtypes, no cost).
-    `kinds="bool"`: one bool per row (a Decision's `finished`)."""
+    """A rule's commit (or remask, edit, ...) as returned, refused in one line naming the rule when it is not an array
+    of the expected shape and dtype (checked while tracing: static shapes and dtypes, no cost). `kinds`: "codes"
+    (bool or integer clause codes over the region), "bool" (one per row: a Decision's `finished`), "ids" (token ids
+    over the region: `block`), "marks" (bool over the region: `insert`, `delete`), "weight" (one float per row:
+    `soft_weight`)."""
+    per_row = kinds in ("bool", "weight")
     if not hasattr(value, "shape") or not hasattr(value, "dtype"):
         hint = " (a rule that takes commits back returns ll.rules.Decision(commit, remask))" if isinstance(
             value, tuple) else ""
-        expected = f"{tuple(shape)} of bool" if kinds == "bool" else f"{tuple(shape)} of bool or int8 clause codes"
         raise DecodeError(f"rule {label(rule)} returned {type(value).__name__} as its {what}; expected an array "
-                          f"{expected}{hint}")
+                          f"{tuple(shape)} {_EXPECTED[kinds]}{hint}")
     if tuple(value.shape) != tuple(shape):
-        each = "one per row" if kinds == "bool" else "one value per position of each row's region"
+        each = "one per row" if per_row else "one value per position of each row's region"
         raise DecodeError(f"rule {label(rule)} returned a {what} of shape {tuple(value.shape)}; expected "
                           f"{tuple(shape)} ({each})")
-    if kinds == "bool":
-        if not jnp.issubdtype(value.dtype, jnp.bool_):
-            raise DecodeError(f"rule {label(rule)} returned a {what} of dtype {value.dtype}; expected bool (True: "
-                              "the row's block is finished after this pass)")
-        return value
-    if not (jnp.issubdtype(value.dtype, jnp.bool_) or jnp.issubdtype(value.dtype, jnp.integer)):
-        raise DecodeError(f"rule {label(rule)} returned a {what} of dtype {value.dtype}; expected bool or int8 "
-                          "clause codes (0: none, k: clause_names[k - 1])")
+    dtype = value.dtype
+    ok = {"codes": jnp.issubdtype(dtype, jnp.bool_) or jnp.issubdtype(dtype, jnp.integer),
+          "bool": jnp.issubdtype(dtype, jnp.bool_), "marks": jnp.issubdtype(dtype, jnp.bool_),
+          "ids": jnp.issubdtype(dtype, jnp.integer), "weight": jnp.issubdtype(dtype, jnp.floating)}[kinds]
+    if not ok:
+        why = {"codes": "expected bool or int8 clause codes (0: none, k: clause_names[k - 1])",
+               "bool": "expected bool (True: the row's block is finished after this pass)",
+               "marks": "expected bool (True: the position this pass inserted or dropped)",
+               "ids": "expected token ids (the region as the rule writes it)",
+               "weight": "expected a float per row (the weight of the next pass's input embedding)"}[kinds]
+        raise DecodeError(f"rule {label(rule)} returned a {what} of dtype {dtype}; {why}")
     return value
+
+
+class Applied(NamedTuple):
+    """A Decision kept to the loop's contract (see `apply_decision`); a field the rule never returns is None."""
+
+    code: Int[Array, "B T"]
+    remask: Int[Array, "B T"] | None
+    edit: Int[Array, "B T"] | None
+    finished: Bool[Array, "B"] | None
+    block: Int[Array, "B T"] | None
+    insert: Bool[Array, "B T"] | None
+    delete: Bool[Array, "B T"] | None
+    soft_weight: Float[Array, "B"] | None
+    forced: Bool[Array, "B T"]  # the loop's own commits (a working row whose rule committed and remasked nothing)
 
 
 def apply_decision(decision: Decision, rule, traits: RuleTraits, candidates: Bool[Array, "B T"],
                    held: Bool[Array, "B T"], pred: Int[Array, "B T"], tokens: Int[Array, "B T"],
-                   conf: Float[Array, "B T"], mask_id: int, forced: int
-                   ) -> tuple[Int[Array, "B T"], Int[Array, "B T"] | None, Int[Array, "B T"] | None,
-                              Bool[Array, "B"] | None]:
-    """(commit codes, remask codes, edit codes, finished rows) of a rule that returns a Decision, kept to the
-    contract: commits first (candidates only), then remasks of what holds a token after them (decoded before this
-    pass or just committed), edits of what held a generated token before this pass and is not remasked, where the
-    prediction differs from it; remasks and edits only where `held` (inside the region, never the prompt). A working
-    row that neither commits nor remasks commits its most confident candidate, as a rule that only commits always
-    does. A field the rule never returns is None (not traced). (Never traced for a rule that only commits.)"""
-    given = {"remask": decision.remask, "edit": decision.edit, "finished": decision.finished}
+                   conf: Float[Array, "B T"], mask_id: int, forced: int) -> Applied:
+    """A rule's Decision kept to the contract: commits first (candidates only), then remasks of what holds a token
+    after them (decoded before this pass or just committed), edits of what held a generated token before this pass
+    and is not remasked, where the prediction differs from it; remasks and edits only where `held` (inside the
+    region, never the prompt). A working row that neither commits nor remasks commits its most confident
+    candidate (code `forced`), as a rule that only commits always does. A rule that rewrites: its block where
+    `held` or a candidate (elsewhere the tokens as they were), its edit codes where a generated token was held (the
+    rule says which it replaced), its inserts and deletes where `held` or a candidate. (Never traced for a rule that
+    only commits.)"""
+    given = {"remask": decision.remask, "edit": decision.edit, "finished": decision.finished,
+             "block": decision.block, "soft_weight": decision.soft_weight}
     for field, trait, declared, why in (
             ("remask", "remask_names", traits.revokes,
              "a rule that takes commits back names its remask clauses (remask_names = (...))"),
             ("edit", "edit_names", traits.edits, "a rule that edits names its edit clauses (edit_names = (...))"),
             ("finished", "ends_blocks", traits.ends_blocks,
-             "a rule that says when its block is finished declares ends_blocks = True")):
+             "a rule that says when its block is finished declares ends_blocks = True"),
+            ("block", "rewrites", traits.rewrites, "a rule that writes its own region declares rewrites = True"),
+            ("soft_weight", "soft_input", traits.soft_input,
+             "a rule that feeds the next pass an input embedding declares soft_input = True")):
         if given[field] is not None and not declared:
             raise DecodeError(f"rule {label(rule)} returned Decision(commit, {field}) but declares no {trait}: {why}")
         if given[field] is None and declared:
             raise DecodeError(f"rule {label(rule)} declares {trait} but returned a Decision without {field}: "
                               f"Decision(commit, {field}=...)")
-    checked(rule, "commit", decision.commit, candidates.shape)
+    for field in ("insert", "delete"):
+        if getattr(decision, field) is not None and not traits.rewrites:
+            raise DecodeError(f"rule {label(rule)} returned Decision(commit, {field}) but declares no rewrites: a rule "
+                              "that inserts or drops positions writes its own region (rewrites = True, "
+                              "Decision(commit, block=..., insert=..., delete=...))")
+    shape = candidates.shape
+    checked(rule, "commit", decision.commit, shape)
     code = jnp.where(candidates, decision.commit.astype(jnp.int8), jnp.int8(0))
-    remask = edit = finished = None
+    remask = edit = finished = block = insert = delete = soft_weight = None
+    if traits.rewrites:
+        writable = held | candidates
+        block = checked(rule, "block", decision.block, shape, kinds="ids")
+        block = jnp.where(writable, block.astype(tokens.dtype), tokens)
+        insert, delete = (None if getattr(decision, f) is None
+                          else writable & checked(rule, f, getattr(decision, f), shape, kinds="marks")
+                          for f in ("insert", "delete"))
     if traits.revokes:
-        checked(rule, "remask", decision.remask, candidates.shape)
-        after = jnp.where(code > 0, pred, tokens)
+        checked(rule, "remask", decision.remask, shape)
+        after = jnp.where(code > 0, pred, tokens) if block is None else block
         remask = jnp.where((after != mask_id) & held, decision.remask.astype(jnp.int8), jnp.int8(0))
     if traits.edits:
-        checked(rule, "edit", decision.edit, candidates.shape)
-        replaces = (tokens != mask_id) & held & (pred != tokens)
+        checked(rule, "edit", decision.edit, shape)
+        replaces = (tokens != mask_id) & held
+        if block is None:  # the loop writes the prediction: an edit only where it differs
+            replaces &= pred != tokens
         if remask is not None:
             replaces &= remask == 0
         edit = jnp.where(replaces, decision.edit.astype(jnp.int8), jnp.int8(0))
     if traits.ends_blocks:
-        finished = checked(rule, "finished", decision.finished, candidates.shape[:1], kinds="bool")
+        finished = checked(rule, "finished", decision.finished, shape[:1], kinds="bool")
+    if traits.soft_input:
+        soft_weight = checked(rule, "soft_weight", decision.soft_weight, shape[:1], kinds="weight")
     idle = ~jnp.any(code > 0, axis=1, keepdims=True)
     if remask is not None:
         idle &= ~jnp.any(remask > 0, axis=1, keepdims=True)
-    return jnp.where(idle & most_confident(conf, candidates), jnp.int8(forced), code), remask, edit, finished
+    forced_here = idle & most_confident(conf, candidates)
+    return Applied(jnp.where(forced_here, jnp.int8(forced), code), remask, edit, finished, block, insert, delete,
+                   soft_weight, forced_here)
 
 
 def keep_contract(code: Array, candidates: Bool[Array, "B T"], conf: Float[Array, "B T"], forced: int

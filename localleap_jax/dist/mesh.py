@@ -137,7 +137,8 @@ class DataModelMesh(_OnDataModelMesh):
         rows = lambda a: _to_host(a)[:batch]  # noqa: E731
         return LoopOutput(rows(out.x), rows(out.nfe), int(np.max(_to_host(out.passes))),
                           int(np.max(_to_host(out.full_passes))), jax.tree.map(rows, out.record),
-                          jax.tree.map(rows, out.remasks), jax.tree.map(rows, out.edits))
+                          jax.tree.map(rows, out.remasks), jax.tree.map(rows, out.edits),
+                          jax.tree.map(rows, out.indels))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -55,4 +55,4 @@ class Replicated:
         merge = lambda a: np.asarray(a).reshape(-1, *np.shape(a)[2:])[:batch]  # noqa: E731
         return LoopOutput(merge(out.x), merge(out.nfe), int(np.max(out.passes)), int(np.max(out.full_passes)),
                           jax.tree.map(merge, out.record), jax.tree.map(merge, out.remasks),
-                          jax.tree.map(merge, out.edits))
+                          jax.tree.map(merge, out.edits), jax.tree.map(merge, out.indels))

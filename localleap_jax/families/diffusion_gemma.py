@@ -32,7 +32,7 @@ Positions start at each row's first real token (left padding is never attended),
 computes what it computes alone.
 
 Layouts: the stored tree holds one layer-stacked dict per kind ("sliding" [Ns, ...], "full" [Nf, ...]); decoding
-reads `decoding_params`' one dict per layer (`params["layers"]`, in layer order: `ll.load` splits once), so a pass
+reads `decoding_params`' one dict per layer (`params[LAYERS]`, in layer order: `ll.load` splits once), so a pass
 reads each layer's weights where they lie. The layers are a Python loop (unrolled: compile time grows with depth);
 each layer's encoder K/V is an array of its own, written in place by `encode_into`, and `decode` attends over
 [encoder K/V ; canvas K/V] with one softmax over both parts without concatenating them. `encode_into` attends over
@@ -569,11 +569,17 @@ def _feed_forward(lp: dict, h: Float[Array, "B T D"], config: ModelConfig, mesh=
     return _rms(dense + _rms(routed, lp["post_ffw_norm_2"], eps), lp["post_ffw_norm"], eps)
 
 
+# The decoding layout's key. Not a masked LM's "layers": partition splits those over the "model" axis, while a canvas
+# model's layers stay whole on every device, as its stacks did (split, XLA's CPU runtime deadlocks DiffusionGemma's
+# program on a data x model mesh: two collective permutes in flight wait on each other).
+LAYERS = "canvas_layers"
+
+
 def decoding_params(params: dict, config: ModelConfig, *, free: bool = False) -> dict:
-    """The decoding layout: `params["layers"]`, one dict of arrays per layer in layer order, in place of the kinds'
+    """The decoding layout: `params[LAYERS]`, one dict of arrays per layer in layer order, in place of the kinds'
     stacks (each pass then reads a layer's weights where they lie; model.py's docstring). `free`: delete each stack
     once split."""
-    if "layers" in params:
+    if LAYERS in params:
         return params
     a = arch_of(config)
     split = {}
@@ -587,17 +593,17 @@ def decoding_params(params: dict, config: ModelConfig, *, free: bool = False) ->
             split[kind] = jax.tree.map(parts, params[kind])
     layers = tuple(jax.tree.map(lambda t, j=j: t[j], split[kind], is_leaf=lambda t: isinstance(t, tuple))
                    for kind, j in a.slots)
-    return {**{k: v for k, v in params.items() if k not in ("sliding", "full")}, "layers": layers}
+    return {**{k: v for k, v in params.items() if k not in ("sliding", "full")}, LAYERS: layers}
 
 
 def stacked_params(params: dict, config: ModelConfig) -> dict:
     """The stored layout (one layer-stacked dict per kind) of a tree in either layout."""
-    if "layers" not in params:
+    if LAYERS not in params:
         return params
     a = arch_of(config)
-    out = {k: v for k, v in params.items() if k != "layers"}
+    out = {k: v for k, v in params.items() if k != LAYERS}
     for kind in ("sliding", "full"):
-        mine = [lp for lp, (k, _) in zip(params["layers"], a.slots) if k == kind]
+        mine = [lp for lp, (k, _) in zip(params[LAYERS], a.slots) if k == kind]
         if mine:
             out[kind] = jax.tree.map(lambda *leaves: jnp.stack(leaves), *mine)
     return out
@@ -662,7 +668,7 @@ def _encode(params: dict, cache: EncoderCache, ids: Int[Array, "B T"], mask: Boo
     k_buf, v_buf = [], []
     h = _embed(params, ids, config)
     eps = config.rms_norm_eps
-    for i, (lp, (kind, _)) in enumerate(zip(params["layers"], a.slots)):
+    for i, (lp, (kind, _)) in enumerate(zip(params[LAYERS], a.slots)):
         q, k, v = _qkv(lp, _rms(h, lp["input_norm"], eps), positions, kind, config)
         k_buf.append(_write_rows(cache.k[i], k, cache.end, rows))  # each layer's buffer, written in place
         v_buf.append(_write_rows(cache.v[i], v, cache.end, rows))
@@ -752,7 +758,7 @@ def _decode(params: dict, cache: EncoderCache, canvas: Int[Array, "B C"], config
     params = decoding_params(params, config)
     h = _self_conditioned(params, canvas, soft, config)
     eps = config.rms_norm_eps
-    for i, (lp, (kind, _)) in enumerate(zip(params["layers"], a.slots)):
+    for i, (lp, (kind, _)) in enumerate(zip(params[LAYERS], a.slots)):
         q, k, v = _qkv(lp, _rms(h, lp["input_norm"], eps), positions, kind, config)
         # [encoder K/V ; canvas K/V] under one softmax, neither copied into the other
         attn = _attend(q, ((cache.k[i], cache.v[i], seen[kind][:, None, :]), (k, v, everything)))

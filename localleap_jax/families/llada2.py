@@ -85,7 +85,14 @@ def read(cfg: Mapping[str, Any]) -> ModelConfig:
         mask_token_id=whole(cfg, "mask_token_id", minimum=0), eos_token_id=eos,
         pad_token_id=whole(cfg, "pad_token_id", default=eos, minimum=0),
         family="llada2", qk_norm=True, explicit_head_dim=head_dim, rotary_dim=rotary_dim,
-        block_size=whole(cfg, "block_size", default=DEFAULT_BLOCK_SIZE), flexible_block=True, arch=arch)
+        block_size=whole(cfg, "block_size", default=DEFAULT_BLOCK_SIZE), flexible_block=True, arch=arch,
+        delete_token_id=edit_id(cfg, "delete_token_id"), split_token_id=edit_id(cfg, "split_token_id"))
+
+
+def edit_id(cfg: Mapping[str, Any], key: str) -> int | None:
+    """LLaDA2.2's DELETE / SPLIT id from config.json (SGLang reads them there), or None where the checkpoint has none
+    (LLaDA2.0 / 2.1)."""
+    return None if cfg.get(key) is None else whole(cfg, key, minimum=0)
 
 
 def write(c: ModelConfig) -> dict[str, Any]:
@@ -103,7 +110,9 @@ def write(c: ModelConfig) -> dict[str, Any]:
         "rms_norm_eps": c.rms_norm_eps, "vocab_size": c.vocab_size, "max_position_embeddings": c.max_sequence_length,
         "use_bias": False, "use_qkv_bias": False, "tie_word_embeddings": False, "hidden_act": "silu",
         "mask_token_id": c.mask_token_id, "eos_token_id": c.eos_token_id, "pad_token_id": c.pad_token_id,
-        "block_size": c.block_size}
+        "block_size": c.block_size,
+        **{k: v for k, v in (("delete_token_id", c.delete_token_id), ("split_token_id", c.split_token_id))
+           if v is not None}}
 
 
 def tensor_map(config: ModelConfig) -> dict[str, Target | tuple[Target, ...]]:

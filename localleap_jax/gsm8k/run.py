@@ -145,6 +145,7 @@ def collect(strategy: str, lm, samples: list[dict]) -> list[dict]:
         st = lm.stats[row.pop("_key")]
         row.update(prompt_tokens=st.get("prompt_tokens"), fewshot_dropped=st.get("fewshot_dropped", 0),
                    nfe=st.get("nfe"), remasks=st.get("remasks", 0), edits=st.get("edits", 0),
+                   inserts=st.get("inserts", 0), deletes=st.get("deletes", 0),
                    hit_bound=st.get("hit_bound", False),
                    seconds=st.get("seconds"),
                    generated_tokens=st.get("generated_tokens"), compile_seconds=st.get("compile_seconds", 0.0),
@@ -163,6 +164,8 @@ def summarize(rows: list[dict]) -> dict:
         "mean_nfe": sum(r["nfe"] for r in rows) / n,
         "mean_remasks": sum(r.get("remasks") or 0 for r in rows) / n,  # tokens taken back (rules that revoke)
         "mean_edits": sum(r.get("edits") or 0 for r in rows) / n,  # tokens replaced by others (rules that edit)
+        "mean_inserts": sum(r.get("inserts") or 0 for r in rows) / n,  # positions inserted (LLaDA2.2's SPLIT)
+        "mean_deletes": sum(r.get("deletes") or 0 for r in rows) / n,  # positions dropped (LLaDA2.2's DELETE)
         "hit_bound": sum(bool(r.get("hit_bound")) for r in rows),  # answers stopped by max_passes with masks left
         "tokens_per_second": sum(r["generated_tokens"] for r in rows) / max(seconds, 1e-9),
         "seconds_per_sample": seconds / n,

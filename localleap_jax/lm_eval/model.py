@@ -256,6 +256,8 @@ class LocalLeapLM(LM):
             row = {"key": prompt_key(context), "nfe": int(out.nfe[j]), "seconds": out.seconds / len(batch),
                    "remasks": 0 if out.remasks is None else int(out.remasks[j]),
                    "edits": 0 if out.edits is None else int(out.edits[j]),
+                   "inserts": 0 if out.inserts is None else int(out.inserts[j]),
+                   "deletes": 0 if out.deletes is None else int(out.deletes[j]),
                    "hit_bound": bool(out.hit_bound[j]) if out.hit_bound is not None else False,
                    "prompt_tokens": len(prompts[i].ids), "fewshot_dropped": prompts[i].fewshot_dropped,
                    "generated_tokens": len(cut_at_stop(generated[j], tok.stop_ids)),

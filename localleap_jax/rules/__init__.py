@@ -15,11 +15,15 @@ per row inside the compiled loop. Rules by module:
   revoking     wino, saber, remdm: rules that take commits back (Decision(commit, remask))
   editing      joint_threshold (LLaDA2.1): rules that replace held tokens and end their own blocks
                (Decision(commit, edit=..., finished=...))
+  indel        joint_threshold_indel (LLaDA2.2): a rule that rewrites its block, inserting and dropping positions
+               (Decision(commit, ..., block=..., insert=..., delete=...))
+  dinfer       credit (writes its fused argmax: Decision(commit, block=...)), hierarchy, smooth (feeds the next pass
+               an input embedding: Decision(commit, soft_weight=...)): dInfer's decoders
   canvas       entropy_bound (DiffusionGemma's sampler), localleap_uniform: canvas rules, for a uniform-noise
                canvas model without masks (CanvasDecision(accept, tokens, finished))
   sources      rules from a user's file or module (load_rules, --rules), entry points, each rule's code_identity
   traits       what the loop reads of a rule, once: RuleTraits (region, probes, remask_names, resets_state,
-               edit_names, ends_blocks)
+               edit_names, ends_blocks, canvas, rewrites, soft_input)
   failures     a rule's calls inside the compiled loop, and a failure there in one line (file, line, what to do)
   strategy     one way to say a rule: resolve / as_rule (a rule or a spec), with_shared_settings (the shared flags)
 """
@@ -34,6 +38,8 @@ from localleap_jax.rules.stateful import Klass, Stable  # noqa: E402
 from localleap_jax.rules.combinators import AllOf, AnyOf, all_of, any_of  # noqa: E402
 from localleap_jax.rules.revoking import ReMDM, Saber, Wino  # noqa: E402
 from localleap_jax.rules.editing import JointThreshold  # noqa: E402
+from localleap_jax.rules.indel import JointThresholdInDel  # noqa: E402
+from localleap_jax.rules.dinfer import Credit, Hierarchy, Smooth  # noqa: E402
 from localleap_jax.rules.canvas import (CanvasDecision, CanvasRuleBase, CanvasSignals, EntropyBound,  # noqa: E402
                                         LocalLeapUniform)
 from localleap_jax.rules.sources import RulesError, code_identity, load_rules  # noqa: E402
@@ -41,8 +47,8 @@ from localleap_jax.rules.traits import RuleTraits, traits_of  # noqa: E402
 from localleap_jax.rules.failures import check_calls, run_init, run_temperature, run_update  # noqa: E402
 from localleap_jax.rules.strategy import SHARED_SETTINGS, as_rule, resolve, with_shared_settings  # noqa: E402
 
-__all__ = ["AllOf", "AnyOf", "CanvasDecision", "CanvasRuleBase", "CanvasSignals", "Decision", "DecodeError", "Dynamic", "Entropy", "EntropyBounded", "Factor", "FunctionRule",
-           "EntropyBound", "JointThreshold", "Klass", "LocalLeap", "LocalLeapUniform", "LowConfidence", "Margin", "RULES", "ReMDM", "Rule", "RuleBase", "RuleTraits", "RulesError",
+__all__ = ["AllOf", "AnyOf", "CanvasDecision", "CanvasRuleBase", "CanvasSignals", "Credit", "Decision", "DecodeError", "Dynamic", "Entropy", "EntropyBounded", "Factor", "FunctionRule",
+           "EntropyBound", "Hierarchy", "JointThreshold", "JointThresholdInDel", "Smooth", "Klass", "LocalLeap", "LocalLeapUniform", "LowConfidence", "Margin", "RULES", "ReMDM", "Rule", "RuleBase", "RuleTraits", "RulesError",
            "SHARED_SETTINGS", "Saber", "Signals", "Stable", "Threshold", "Wino", "all_of", "any_of", "as_rule", "check_calls",
            "code_identity", "first_clause", "load_rules", "most_confident", "near_any", "parse_spec", "per_row", "rank_by",
            "register", "register_rule", "resolve", "rule", "rule_from_json", "rule_to_json", "run_init", "run_temperature", "run_update",

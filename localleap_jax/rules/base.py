@@ -30,6 +30,21 @@ A rule that decides when its row's block ends (`ends_blocks`) also returns `Deci
 the loop ends a row's block on the pass whose decision says finished, once no position of it is masked, instead
 of on the pass that fills its last mask; the passes in between, with no mask left, are working passes (NFE).
 
+A rule that writes tokens other than the pass's predictions where they were predicted (`rewrites`: dInfer's credit
+decoder writes the argmax of its fused logits; LLaDA2.2's insert/delete moves tokens inside the block) returns
+`Decision(commit, ..., block=...)`: `block` [B, T] is the region as the rule wants it after this pass, and the loop
+writes it in place of the predictions at the commits and edits (only where the rule may touch: never the prompt,
+never outside the region, never a row that is done). The commit codes still say which masks the pass decoded (the
+loop's contract holds: a working row whose rule commits nothing commits its most confident candidate's
+prediction); the edit codes which held tokens it replaced by others (counted as given); `insert` / `delete` ([B, T]
+bool, positions of the region before the pass) where it inserted a position or dropped one (`out.inserts`,
+`out.deletes`).
+
+A rule that feeds the next pass an input embedding (`soft_input`: dInfer's iteration smoothing) returns
+`Decision(commit, soft_weight=w)`, w [B]: the next pass's input at every generated position still masked after
+this pass is the token embedding plus w times the embedding this pass's distribution there expects
+(softmax(logits) @ E); the loop runs the whole canvas every pass for it (cache "none" on a bidirectional model).
+
 Class attributes a rule declares (all static; `RuleBase` gives the defaults, `traits.traits_of` reads them once
 into the loop's compile-time settings):
   region        "block" (the current block; the default) or "generated": the generated region up to the current
@@ -47,6 +62,8 @@ into the loop's compile-time settings):
   canvas        True: a canvas rule, for a uniform-noise canvas model without masks (DiffusionGemma): it accepts
                 positions of a noisy canvas, the loop re-noises the rest (`rules.canvas`: its signals, its
                 `CanvasDecision`, its `temperature(step)`).
+  rewrites      True: the rule returns the region it wants written (`Decision.block`, above).
+  soft_input    True: the rule weighs an input embedding for the next pass (`Decision.soft_weight`, above).
 
 A rule is an object with every member of the `Rule` protocol below. Subclass `RuleBase` (and decorate with
 `flax.struct.dataclass`), or give a function to `stateless`: an object of a class of your own that lacks a member
@@ -95,7 +112,8 @@ class Signals:
                  num_blocks: Int[Array, "B"] | int | None = None, tokens: Int[Array, "B T"] | None = None,
                  valid: Bool[Array, "B T"] | None = None, mask_id: int | None = None,
                  held_out_logits: Float[Array, "B T V"] | None = None, idx: Int[Array, "B T"] | None = None,
-                 prompt_length: int = 0):
+                 prompt_length: int = 0, vocab_limit: int | None = None, delete_id: int | None = None,
+                 split_id: int | None = None):
         self.logits = logits
         self.pred = pred
         self.conf = conf
@@ -111,6 +129,16 @@ class Signals:
         self._held_out_logits = held_out_logits
         self._idx = idx  # canvas indices of the region's positions (positions < prompt_length are the prompt)
         self._prompt_length = prompt_length
+        self.vocab_limit = vocab_limit  # ids >= this are never written (the tokenizer cannot decode them); None: all
+        self.delete_id, self.split_id = delete_id, split_id  # the model's edit tokens (LLaDA2.2), None: it has none
+
+    def writable(self, logits: Float[Array, "B T V"]) -> Float[Array, "B T V"]:
+        """`logits` with the ids no rule may write (past the tokenizer's vocabulary) at -inf, for an argmax of a rule's
+        own (the mask id stays: a rule that writes its own tokens decides what to do where the mask wins)."""
+        V = logits.shape[-1]
+        if self.vocab_limit is None or self.vocab_limit >= V:
+            return logits
+        return jnp.where(jnp.arange(V) < self.vocab_limit, logits, -jnp.inf)
 
     @property
     def valid(self) -> Bool[Array, "B T"]:
@@ -311,15 +339,21 @@ def make_spec(name: str, settings: dict[str, Any]) -> str:
 
 
 class Decision(NamedTuple):
-    """What a rule that takes commits back, edits, or ends its own blocks returns: commits, remasks and edits over
-    its region (bool or int8 codes; None: the rule never does that), and which rows' blocks are finished after
-    this pass ([B] bool; None: a block ends when its last mask fills). Each field that is not None needs its
-    trait: remask_names, edit_names, ends_blocks."""
+    """What a rule that takes commits back, edits, ends its own blocks, rewrites its block or feeds the next pass
+    returns: commits, remasks and edits over its region (bool or int8 codes; None: the rule never does that), which
+    rows' blocks are finished after this pass ([B] bool; None: a block ends when its last mask fills), the region
+    as the rule writes it ([B, T] ids), where it inserted and dropped positions ([B, T] bool), the weight of the next
+    pass's input embedding ([B] float). Each field that is not None needs its trait: remask_names, edit_names,
+    ends_blocks, rewrites (block, insert, delete), soft_input."""
 
     commit: Array
     remask: Array | None = None
     edit: Array | None = None
     finished: Array | None = None
+    block: Array | None = None
+    insert: Array | None = None
+    delete: Array | None = None
+    soft_weight: Array | None = None
 
 
 class RuleBase:
@@ -335,6 +369,8 @@ class RuleBase:
     edit_names: ClassVar[tuple[str, ...]] = ()
     ends_blocks: ClassVar[bool] = False
     canvas: ClassVar[bool] = False
+    rewrites: ClassVar[bool] = False
+    soft_input: ClassVar[bool] = False
 
     def pass_bound(self, gen_length: int, block_length: int) -> int:
         """The passes a row may need at most (DecodeConfig.max_passes's default): a rule that only commits
@@ -381,6 +417,8 @@ class Rule(Protocol):
     edit_names: tuple[str, ...]
     ends_blocks: bool
     canvas: bool  # a canvas rule (rules.canvas): it also has temperature(step)
+    rewrites: bool  # it returns the region it writes (Decision.block)
+    soft_input: bool  # it weighs the next pass's input embedding (Decision.soft_weight)
 
     def init(self, batch: int, block: int, vocab: int) -> State: ...
 

@@ -40,6 +40,8 @@ class AnyOf(RuleBase):
             traits = traits_of(r)
             why = [what for what, holds in (("takes commits back", traits.revokes), ("edits", traits.edits),
                                             ("ends its own blocks", traits.ends_blocks),
+                                            ("rewrites its block", traits.rewrites),
+                                            ("feeds the next pass an input embedding", traits.soft_input),
                                             (f"sees the {traits.region} region", traits.region != "block"),
                                             ("probes the block", traits.probes),
                                             ("keeps its state across blocks", not traits.resets_state)) if holds]

@@ -1,11 +1,12 @@
 """What the loop reads of a rule, read once: that it is a rule at all, and its traits.
 
     traits = rules.traits_of(rule)     # RuleTraits(region, probes, remask_names, resets_state, edit_names,
-                                       #            ends_blocks, canvas), checked
+                                       #            ends_blocks, canvas, rewrites, soft_input), checked
 
 A rule's traits are static (they shape the compiled program): the class attributes the `Rule` protocol declares,
 with `RuleBase`'s defaults (region "block", no probes, no remask or edit clauses, state reset per block, a block
-ending when its last mask fills, not a canvas rule). `DecodeConfig`
+ending when its last mask fills, not a canvas rule, writing its predictions where they were predicted, feeding the
+next pass nothing). `DecodeConfig`
 reads them here, once, into the loop's compile-time settings (`LoopSettings.traits`); nothing in `decode/` reads a
 rule's attributes. An object without every member of the protocol (a user's class that does not subclass
 RuleBase) is refused in one line naming what it lacks.
@@ -33,6 +34,8 @@ class RuleTraits(NamedTuple):
     edit_names: tuple[str, ...] = ()  # the rule's edit clauses (non-empty: it replaces held tokens)
     ends_blocks: bool = False  # True: the rule says when its row's block is finished (Decision.finished)
     canvas: bool = False  # True: a canvas rule (a uniform-noise canvas, no masks: rules.canvas)
+    rewrites: bool = False  # True: the rule returns the region it writes (Decision.block; credit, insert/delete)
+    soft_input: bool = False  # True: the rule weighs the next pass's input embedding (Decision.soft_weight; smooth)
 
     @property
     def revokes(self) -> bool:
@@ -44,14 +47,16 @@ class RuleTraits(NamedTuple):
 
     @property
     def decides(self) -> bool:
-        """The rule returns a Decision (it remasks, edits or ends its blocks), not a bare commit."""
-        return self.revokes or self.edits or self.ends_blocks
+        """The rule returns a Decision (it remasks, edits, ends its blocks, rewrites them or feeds the next pass), not
+        a bare commit."""
+        return self.revokes or self.edits or self.ends_blocks or self.rewrites or self.soft_input
 
     @property
     def own_bound(self) -> bool:
         """A working pass may leave as many masks as before (a remask, a pass with no mask left): the loop's bound
-        is the rule's `pass_bound`, not one pass per generated position."""
-        return self.revokes or self.ends_blocks or self.canvas
+        is the rule's `pass_bound`, not one pass per generated position. (A rewritten block may hold more masks than
+        before.)"""
+        return self.revokes or self.ends_blocks or self.canvas or self.rewrites
 
 
 def protocol_members() -> tuple[str, ...]:
@@ -76,10 +81,11 @@ def traits_of(rule) -> RuleTraits:
                           "ll.stateless(fn)")
     region, probes, names, resets = rule.region, rule.probes, rule.remask_names, rule.resets_state
     edit_names, ends_blocks, canvas = rule.edit_names, rule.ends_blocks, rule.canvas
+    rewrites, soft_input = rule.rewrites, rule.soft_input
     if not isinstance(region, str) or region not in REGIONS:
         raise DecodeError(f"{rule.name}: region={region!r}; a rule's region is 'block' or 'generated'")
     for trait, value in (("probes", probes), ("resets_state", resets), ("ends_blocks", ends_blocks),
-                         ("canvas", canvas)):
+                         ("canvas", canvas), ("rewrites", rewrites), ("soft_input", soft_input)):
         if not isinstance(value, (bool, np.bool_)):
             raise DecodeError(f"{rule.name}: {trait}={value!r} must be True or False")
     if probes and region != "block":
@@ -91,7 +97,8 @@ def traits_of(rule) -> RuleTraits:
         raise DecodeError(f"{rule.name}: edit_names={edit_names!r} must be a tuple of names, e.g. ('changed',)")
     if canvas:
         masked = [t for t, on in (("region 'generated'", region != "block"), ("probes", probes),
-                                  ("remask_names", names), ("edit_names", edit_names), ("ends_blocks", ends_blocks))
+                                  ("remask_names", names), ("edit_names", edit_names), ("ends_blocks", ends_blocks),
+                                  ("rewrites", rewrites), ("soft_input", soft_input))
                   if on]
         if masked:
             raise DecodeError(f"{rule.name}: a canvas rule (canvas = True) works on a canvas without masks; it cannot "
@@ -99,4 +106,8 @@ def traits_of(rule) -> RuleTraits:
         if not callable(getattr(rule, "temperature", None)):
             raise DecodeError(f"{rule.name}: a canvas rule has temperature(step) -> [B] (the temperature of each "
                               "row's denoising pass): subclass ll.rules.canvas.CanvasRuleBase")
-    return RuleTraits(region, bool(probes), names, bool(resets), edit_names, bool(ends_blocks), bool(canvas))
+    if soft_input and (region != "block" or probes):
+        raise DecodeError(f"{rule.name}: a rule that feeds the next pass an input embedding (soft_input) decides on "
+                          "its block alone (region 'block', no probes)")
+    return RuleTraits(region, bool(probes), names, bool(resets), edit_names, bool(ends_blocks), bool(canvas),
+                      bool(rewrites), bool(soft_input))

@@ -6,7 +6,8 @@ module; the protocol in `protocol`, the shared pieces of a pass in `passes`).
     state = policy.update(denoiser, hidden.cache, outcome)                 # after the rule's step
     policy = ll.cache("dkv", reload_every=8)                               # or "dkv:reload_every=8"
 
-  none        every pass runs the whole canvas (plain)
+  none        every pass runs the whole canvas (plain; with a probe copy of the block for WINO, none+probe; with
+              a soft input for dInfer's iteration smoothing, none+soft)
   prefix      Fast-dLLM's prefix cache: a row's first pass in a block runs the canvas and stores every layer's K/V;
               its later passes run the canvas from the block on (fast_dllm)
   dual        Fast-dLLM's dual cache: as prefix, but later passes run only the block (fast_dllm)
@@ -30,7 +31,7 @@ from localleap_jax.decode.cache.dkv import DkvCache
 from localleap_jax.decode.cache.dllm_cache import DllmCache
 from localleap_jax.decode.cache.encoder import CanvasCacheState, CanvasEncoderCache
 from localleap_jax.decode.cache.fast_dllm import DualCache, PrefixCache
-from localleap_jax.decode.cache.plain import NoCache, ProbedNoCache
+from localleap_jax.decode.cache.plain import NoCache, ProbedNoCache, SoftNoCache
 from localleap_jax.decode.cache.protocol import (CachePolicy, Hidden, PassOutcome, PassView, PolicyBase, from_full,
                                                  setting, static_setting)
 from localleap_jax.decode.cache.registry import (CACHES, cache, is_policy, policy_from_json, policy_to_json,
@@ -52,6 +53,6 @@ CANVAS_CACHES = tuple(n for n, p in CACHE_POLICIES.items() if "canvas" in p.fits
 
 __all__ = ["BIDIRECTIONAL_CACHES", "BLOCK_CAUSAL_CACHES", "CACHES", "CACHE_MODES", "CACHE_POLICIES", "CANVAS_CACHES",
            "BlockCache", "CachePolicy", "CanvasCacheState", "CanvasEncoderCache", "D2Cache", "DkvCache", "DllmCache",
-           "DualCache", "Hidden", "NoCache", "PassOutcome", "PassView", "PolicyBase", "PrefixCache", "ProbedNoCache",
+           "DualCache", "Hidden", "NoCache", "PassOutcome", "PassView", "PolicyBase", "PrefixCache", "ProbedNoCache", "SoftNoCache",
            "SubBlockCache", "VicinityCache", "block_window", "cache", "from_full", "is_policy", "policy_from_json",
            "policy_to_json", "register_cache", "resolve", "setting", "static_setting"]

@@ -68,8 +68,8 @@ class CanvasEncoderCache(PolicyBase):
 
     def update(self, denoiser, state: CanvasCacheState, outcome) -> CanvasCacheState:
         """The state for the next pass: each row's self-conditioning input from this pass's temperature-scaled
-        logits, none where the row's canvas just finished."""
-        finished = outcome.step.finished
-        soft = jnp.where(finished[:, None, None], jnp.zeros((), state.soft.dtype),
-                         denoiser.soft_embedding(outcome.step.scaled))
+        logits (the step's `feed`: logits and weight), none (weight 0) where the row's canvas just finished."""
+        scaled, weight = outcome.step.feed
+        soft = denoiser.soft_embedding(scaled)
+        soft = jnp.where(weight[..., None] > 0, weight[..., None].astype(soft.dtype) * soft, jnp.zeros((), soft.dtype))
         return state._replace(soft=soft.astype(state.soft.dtype))
