@@ -47,9 +47,9 @@ class Checkpoint:
                                            gen_length=gen_length, block_length=block_length, layout=self.layout,
                                            never_predict=self.never, **settings)
 
-    def ours(self, prompts, rule, *, gen_length, block_length, **kw):
+    def ours(self, prompts, rule, *, gen_length, block_length, cache="auto", **kw):
         ids, mask = left_pad([list(map(int, p)) for p in prompts], self.model.config.pad_token_id)
-        cfg = ll.DecodeConfig(strategy=rule, gen_length=gen_length, block_length=block_length)
+        cfg = ll.DecodeConfig(strategy=rule, gen_length=gen_length, block_length=block_length, cache=cache)
         return ll.generate(self.model, ids, mask, cfg, **kw)
 
 
@@ -317,12 +317,21 @@ def test_slots_give_each_prompt_its_fixed_batch_result(which, request):
 
 
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
-def test_a_cache_whose_rows_advance_together_is_refused(llada, cache):
-    with pytest.raises(ll.DecodeError, match=r"^joint_threshold ends each row's block itself .* not '" + cache):
-        ll.DecodeConfig(strategy="joint_threshold", gen_length=16, block_length=8, cache=cache).validate(
-            llada.model.config)
-    ll.DecodeConfig(strategy="joint_threshold", gen_length=16, block_length=8, cache="none").validate(
-        llada.model.config)
+def test_under_fast_dllms_caches_each_row_ends_its_blocks_as_alone(llada, cache):
+    """The caches decide per row (each row refreshes at its own block start), so a rule that ends its own blocks
+    (passes after the last mask, editing) runs under them: a left-padded batch with per-row settings decodes each
+    row as that row alone under the same cache."""
+    G, T, _ = CASES["llada"]
+    prompts = _prompts([13, 5, 10], seed=3)
+    rows = {"threshold": np.array([0.5, 0.7, 0.3]), "edit_threshold": np.array([0.0, 0.5, 0.2]),
+            "max_post_edit_steps": np.array([16, 3, 0])}
+    out = llada.ours(prompts, ll.rule("joint_threshold", **rows), gen_length=G, block_length=T, cache=cache)
+    for b, prompt in enumerate(prompts):
+        alone = llada.ours([prompt], ll.rule("joint_threshold", **{k: v[b].item() for k, v in rows.items()}),
+                           gen_length=G, block_length=T, cache=cache)
+        assert out.tokens[b, -G:].tolist() == alone.tokens[0, -G:].tolist(), b
+        assert (int(out.nfe[b]), int(out.edits[b])) == (int(alone.nfe[0]), int(alone.edits[0])), b
+    assert len(set(out.nfe.tolist())) == 3 and out.edits.sum() > 0  # rows really ran apart, and edited
 
 
 def test_joint_threshold_cannot_be_combined():

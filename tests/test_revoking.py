@@ -189,7 +189,7 @@ def test_a_sweep_of_winos_thresholds_compiles_once(sharp):
 
 
 @pytest.mark.parametrize("cfg, message", [
-    (dict(strategy="saber", cache="dual"), r"saber sees the whole generated region: use cache 'none' or 'prefix'"),
+    (dict(strategy="saber", cache="dual"), r"saber sees the whole generated region: use cache 'none', 'prefix'"),
     (dict(strategy="wino", cache="prefix"), r"wino scores the block with each position hidden .* use cache 'none'"),
     (dict(strategy="remdm", block_length=8), r"remdm works on the whole canvas: block_length must equal gen_length"),
     (dict(strategy="remdm:init_unmask_ratio=0.8", block_length=16), r"remdm: gen_length x init_unmask_ratio"),
