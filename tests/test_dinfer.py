@@ -206,10 +206,10 @@ def test_tokens_and_nfe_equal_dinfers_loop(case, request):
 
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_credit_and_hierarchy_under_fast_dllms_caches(cache):
-    """The rules under Fast-dLLM's caches (rows advance through blocks together, a refresh per block, windowed
-    passes), on the stub whose "K/V" is the canvas as the block's refresh saw it: there both caches are exact (what
-    precedes the block is final at its start, what follows is masks), so tokens and NFE equal dInfer's uncached
-    loop, with one full pass a block."""
+    """The rules under Fast-dLLM's caches (each row refreshes at its own block start, windowed passes between), on
+    the stub whose "K/V" is the canvas as the block's refresh saw it: there both caches are exact (what precedes the
+    block is final at its start, what follows is masks), so tokens and NFE equal dInfer's uncached loop, with one
+    full pass a block for each row (rows that start a block together share the pass)."""
     from stubs import EOS, MASK, seeded
 
     model = seeded(12)
@@ -220,7 +220,7 @@ def test_credit_and_hierarchy_under_fast_dllms_caches(cache):
         cfg = ll.DecodeConfig(strategy=ll.rule(name, **settings), gen_length=12, block_length=4, cache=cache,
                               prompt_bucket=1)
         out = ll.generate(model, prompts, None, cfg)
-        assert out.full_passes == 3 and out.forward_passes > 3
+        assert 3 <= out.full_passes <= 3 * len(prompts) and out.forward_passes > out.full_passes
         for b, prompt in enumerate(prompts):
             ref = D.generate(fn, prompt, decoder=D.make_decoder(name, mask_id=MASK, **settings), mask_id=MASK,
                              eos_id=EOS, gen_length=12, block_length=4, early_stop=False)
@@ -319,8 +319,6 @@ def test_refusals_in_one_line(llada, llada2):
 
     refused(r"^smooth feeds each pass .* this model is block-causal", strategy="smooth", model=llada2.model)
     refused(r"^smooth feeds each pass an input embedding .* use cache 'none'", strategy="smooth", cache="dual")
-    refused(r"^joint_threshold_indel ends each row's block itself .* not 'prefix'", strategy="joint_threshold_indel",
-            cache="prefix")
     refused(r"^joint_threshold_indel: delete_token_id and split_token_id must differ",
             strategy=ll.rule("joint_threshold_indel", delete_token_id=5, split_token_id=5))
     refused(r"^hierarchy: low_threshold=1.5 must lie in \[0, 1\]", strategy="hierarchy:low_threshold=1.5")
@@ -329,7 +327,8 @@ def test_refusals_in_one_line(llada, llada2):
     # what fits: credit and hierarchy on each cache of each kind of model, indel on the block cache
     for strategy, cache, model in (("credit", "dual", llada), ("hierarchy", "prefix", llada),
                                    ("credit", "block", llada2), ("hierarchy", "auto", llada2),
-                                   ("joint_threshold_indel", "auto", llada2), ("smooth", "auto", llada)):
+                                   ("joint_threshold_indel", "auto", llada2), ("smooth", "auto", llada),
+                                   ("joint_threshold_indel", "prefix", llada)):  # (rows advance on their own)
         cfg = ll.DecodeConfig(strategy=strategy, gen_length=16, block_length=4, cache=cache)
         cfg.validate(model.model.config)
         assert cfg.cache_mode(model.model.config) == {"auto": "block" if model is llada2 else "none"}.get(cache, cache)
