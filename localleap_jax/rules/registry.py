@@ -132,7 +132,13 @@ def rule(name_or_spec, **settings):
     if unknown:
         raise DecodeError(f"{name} has no setting {', '.join(unknown)}; its settings: "
                           f"{', '.join(sorted(known)) or '(none)'}")
-    return cls(**settings)
+    made = cls(**settings)
+    # Checked when made: every setting (None where it takes none), and what the rule asks of its settings together
+    # (localleap's tau <= kappa); what depends on the canvas waits for DecodeConfig.
+    validate = getattr(made, "validate", None)
+    if callable(validate):
+        validate()
+    return made
 
 
 # ---------------------------------------------------------------- rules given as functions
