@@ -115,6 +115,8 @@ def test_a_checkpoint_named_by_something_else_than_text_is_one_line(name):
     with pytest.raises(CheckpointError, match=r"^a checkpoint is named by a str or Path: a checkpoint directory, "
                                               r"'embedded', .* or a hub id; got \w+ "):
         ll.load(name)
+    with pytest.raises(CheckpointError, match=r"^mesh must be a jax Mesh \(ll.make_mesh\(data=..., model=...\)\), got str$"):
+        ll.load("embedded", mesh="data=2")
 
 
 @pytest.mark.parametrize("manifest, expected", [

@@ -162,6 +162,23 @@ def test_every_registered_rules_every_setting_is_checked_when_made():
     assert checked >= 25
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda: ll.rule(123), r"^rule takes a rule name, a spec string \('eb:gamma=0.01'\) or a rule object; got int 123$"),
+    (lambda: ll.rule(ll.rule("threshold"), kapa=0.5), r"^threshold has no setting kapa; its settings: kappa$"),
+    (lambda: ll.rule(ll.rule("threshold"), kappa=2.0), r"^threshold: kappa=2.0 must lie in \(0, 1\]$"),
+    (lambda: ll.stateless(123), r"^stateless takes a function of the step's signals"),
+    (lambda: ll.any_of(), r"^any_of takes one or more rules"),
+    (lambda: ll.all_of("threshold", ll.rule("stable")), r"^all_of takes rule objects: ll.rule\('threshold'\)"),
+    (lambda: ll.any_of(ll.rule("threshold"), 1), r"^int 1 lacks name, .* of the Rule protocol"),
+    (lambda: ll.any_of(ll.rule("threshold"), ll.rule("wino")), r"^wino takes commits back.*cannot be combined"),
+    (lambda: ll.register(123), r"^rule name 123: a name is a non-empty string without"),
+])
+def test_every_way_to_make_a_rule_names_what_it_cannot_take(make, message):
+    """Siblings of the settings checked when made: each was a TypeError, or accepted and refused later."""
+    with pytest.raises(ll.DecodeError, match=message):
+        make()
+
+
 def test_likelihood_config_is_checked_when_made():
     with pytest.raises(ll.LikelihoodError, match=r"^LikelihoodConfig: mc_num=100 must be a multiple of batch_size=32"):
         ll.LikelihoodConfig(mc_num=100, batch_size=32)

@@ -234,6 +234,8 @@ def test_inputs_that_are_not_left_padded_ids_are_named(ids, mask, message):
     (dict(rng=np.zeros(3, np.uint32)), r"^rng is ndarray uint32\[3\], not a JAX random key"),
     (dict(ids=np.array([[WORD, MASK, WORD], [WORD, WORD, WORD]])),
      rf"^prompt rows \[0\] hold the mask id {MASK}, which the model reads as a position to generate"),
+    (dict(trace="yes"), r"^trace='yes' must be True or False$"),
+    (dict(devices=3), r"^devices must be a non-empty list of local JAX devices"),
 ])
 def test_a_config_key_or_prompt_generate_cannot_take_is_one_line_before_compiling(change, message):
     """Issue #47: cfg=None and rng=0 ended in AttributeError inside generate; a prompt holding the mask id decoded
@@ -243,9 +245,10 @@ def test_a_config_key_or_prompt_generate_cannot_take_is_one_line_before_compilin
     model = scripted(_words(2), np.full((2, G), 0.6))
     ids, mask = prompts(2)
     args = {**dict(ids=ids, mask=mask, cfg=cfg, rng=jax.random.key(0)), **change}
+    keywords = {k: args[k] for k in ("trace", "devices") if k in args}
     n = len(compiled_programs())
     with pytest.raises(ll.DecodeError, match=message) as e:
-        ll.generate(model, args["ids"], args["mask"], args["cfg"], args["rng"])
+        ll.generate(model, args["ids"], args["mask"], args["cfg"], args["rng"], **keywords)
     assert "\n" not in str(e.value) and len(compiled_programs()) == n  # refused before anything compiled
 
 

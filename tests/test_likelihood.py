@@ -216,3 +216,6 @@ def test_encode_pair_names_what_it_cannot_take(tiny_tokenizer):
         ll.encode_pair(tok, "a", "b", family="nope")
     with pytest.raises(ll.LikelihoodError, match=r"^encode_pair takes an ll.Model or its tokenizer"):
         ll.encode_pair(None, "a", "b")
+    with pytest.raises(ll.LikelihoodError, match=r"^loglikelihood takes a model \(an ll.Model from ll.load\); str has "
+                                                 r"no config, denoiser$"):
+        ll.loglikelihood("embedded", [[5]], [[6]])

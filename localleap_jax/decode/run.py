@@ -234,6 +234,8 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
         raise DecodeError(f"generate takes a model with config, denoiser and special (an ll.Model from ll.load); "
                           f"{type(model).__name__} has no {', '.join(missing)}")
     slots = check_slots(slots)
+    if not isinstance(trace, (bool, np.bool_)):
+        raise DecodeError(f"trace={trace!r} must be True or False")
     cfg = check_config(cfg)
     ids_b, mask_b, pad = prepare_inputs(ids, mask, cfg, model.config, rng)
     B, P = ids_b.shape
