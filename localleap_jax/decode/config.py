@@ -60,9 +60,8 @@ class DecodeConfig:
         known = [f.name for f in dataclasses.fields(cls)]
         unknown = [k for k in fields if k not in known and k not in old]
         if unknown:
-            near = difflib.get_close_matches(unknown[0], known, n=1)
-            raise DecodeError(f"DecodeConfig has no field {unknown[0]!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
-                              + f"; its fields: {', '.join(known)}")
+            raise DecodeError(f"DecodeConfig has no field {unknown[0]!r}{_did_you_mean(unknown[0], known)}; its fields: "
+                              f"{', '.join(known)}")
         if len(args) > len(known):
             raise DecodeError(f"DecodeConfig takes at most {len(known)} positional fields ({', '.join(known)}), "
                               f"got {len(args)}")
@@ -324,8 +323,8 @@ class DecodeConfig:
 def known_cache(cache) -> bool:
     """Whether `cache` names a cache policy: "auto", or a name the registry (cache.CACHE_POLICIES) holds."""
     try:
-        return cache == "auto" or cache in CACHE_POLICIES
-    except TypeError:  # unhashable
+        return bool(cache == "auto" or cache in CACHE_POLICIES)
+    except (TypeError, ValueError):  # unhashable, or an array
         return False
 
 
