@@ -14,6 +14,7 @@ every layer a MoE layer, global layers with their own head size and one K/V head
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -784,7 +785,7 @@ def test_tied_copies_convert_when_equal_and_are_refused_in_one_line_when_not(tmp
     from localleap_jax.families import make_tokenizer
     from safetensors.numpy import load_file, save_file
 
-    hf = pair[0]
+    hf, config, _ = pair
     src = tmp_path / "hf"
     hf.save_pretrained(src)
     make_tokenizer("diffusion_gemma", TOKENIZER_CORPUS, vocab_size=VOCAB).save_pretrained(src)
@@ -797,9 +798,12 @@ def test_tied_copies_convert_when_equal_and_are_refused_in_one_line_when_not(tmp
     save_file({**stored, **copies}, src / "model.safetensors")
     convert(str(src), str(tmp_path / "out"), progress=False)
     m = ll.load(tmp_path / "out", dtype="float32")
-    ids, mask = batch(1, [11, 7], 11)  # the decoder test's shapes: its compiled program
+    # The converted config is the reference's but for the (unused) mask id the tokenizer names; the reference's config
+    # and the decoder test's shapes reuse its compiled program.
+    assert m.config == dataclasses.replace(config, mask_token_id=m.config.mask_token_id)
+    ids, mask = batch(1, [11, 7], 11)
     canvas = np.random.default_rng(2).integers(0, VOCAB, (2, C))
-    np.testing.assert_allclose(np.asarray(dg.decoder_logits(m.params, ids, mask, canvas, m.config)),
+    np.testing.assert_allclose(np.asarray(dg.decoder_logits(m.params, ids, mask, canvas, config)),
                                hf_decoder_logits(hf, ids, mask, canvas), atol=FP32_TOL, rtol=0)
 
     name = "model.encoder.language_model.layers.1.self_attn.k_proj.weight"

@@ -73,6 +73,21 @@ def test_a_prompt_holding_the_mask_token_is_refused(converted):
     assert tok.encode_batch(["What is 2 + mdm_mask?"])[0].size  # the words alone are text
 
 
+def test_a_canvas_models_prompt_may_hold_its_unused_mask_token():
+    """A uniform-noise canvas model (DiffusionGemma) has no mask position: its tokenizer, as ll.load builds it, takes
+    a prompt holding the mask token's text (Gemma's reserved <mask>), which a masked model's refuses."""
+    from localleap_jax.checkpoint import EMBEDDED_MODELS
+    from localleap_jax.checkpoint.reading import _tokenizer_of
+    from localleap_jax.families import read_config_file
+
+    path = EMBEDDED_MODELS["embedded-dg"]
+    config = read_config_file(path / "config.json")
+    tok = _tokenizer_of(path, config)
+    text = f"a {tok.hf.convert_ids_to_tokens(config.mask_token_id)} b"
+    assert config.mask_token_id in tok.encode(text, chat=False)  # the case: the text is the mask id, and it passes
+    assert not tok.masked
+
+
 def test_decode_generated_takes_a_generation_or_ids_with_their_prompt_length(converted):
     """Issue #47: decode_generated(out.tokens) returned the prompt's text (an array was taken as generated ids only).
     An array now needs prompt_length; a Generation carries its own."""
