@@ -143,9 +143,9 @@ class DecodeConfig:
 
     def validate(self, model=None, *, canvas: bool = True) -> "DecodeConfig":
         """Refuse, in one line, anything that cannot run. `model` (a ModelConfig) adds the checks that depend
-        on it: a block-diffusion model decodes its own blocks (block_length = its block_size, gen_length any).
-        `canvas=False` leaves out what depends on the block length (for a caller that fills it in from the
-        model once it is loaded)."""
+        on it: a block-diffusion model decodes its own blocks (block_length = its block_size, gen_length any);
+        without it the canvas is checked as a bidirectional model's (whole blocks). `canvas=False` leaves out what
+        depends on the canvas (for a caller that does not know the model yet: it checks once the model is known)."""
         def bad(msg):
             raise DecodeError(msg)
         grid = model is not None and model.block_causal
@@ -163,15 +163,11 @@ class DecodeConfig:
             if model is not None and self.cache_mode(model) not in BIDIRECTIONAL_CACHES:
                 bad(f"cache={self.cache!r} needs a block-diffusion model (block-causal attention); this one is "
                     f"bidirectional: use {', '.join(BIDIRECTIONAL_CACHES)}")
-            # Whole blocks are a bidirectional model's canvas; a block-diffusion model's grid takes any gen_length
-            # (its last block's positions past gen_length are decoded, not returned). So the check waits for the model.
-            if canvas and model is not None and self.gen_length % self.block_length:
+            if canvas and self.gen_length % self.block_length:
                 bad(f"gen_length={self.gen_length} is not a multiple of block_length={self.block_length}")
         self._check_sub_blocks(model)
-        # On a block grid the blocks per row depend on the prompt: `steps` is checked with it (check_grid_steps); with
-        # no model yet, what the canvas asks of `steps` waits for it too (the grid or whole blocks).
-        shape = (None, None) if grid or not canvas or model is None and not self.traits.canvas \
-            else (self.gen_length, self.block_length)
+        # On a block grid the blocks per row depend on the prompt: `steps` is checked with it (check_grid_steps).
+        shape = (None, None) if grid or not canvas else (self.gen_length, self.block_length)
         self.rule.validate(*shape)
         self._check_traits(model, grid, canvas)
         return self
