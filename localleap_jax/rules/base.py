@@ -225,9 +225,14 @@ def settings_of(rule) -> dict[str, Any]:
 
 
 # What a setting may hold when a rule is made by hand: a user's values. A rule is also rebuilt from other leaves (JAX
-# unflattens it with tracers, device arrays or placeholders while it compiles, shards or maps it): those are not
-# checked at construction, only by `validate` (which generate runs) when they are concrete.
+# unflattens it with tracers, device arrays or placeholders while it compiles, shards or maps it; a placement reshapes
+# its rows per device, [devices, rows]): those are not checked at construction, only by `validate` (which generate
+# runs on the user's rule).
 _USER_VALUES = (str, bytes, bool, int, float, list, tuple, np.ndarray, np.generic)
+
+
+def _made_by_hand(value) -> bool:
+    return isinstance(value, _USER_VALUES) and not (isinstance(value, np.ndarray) and value.ndim > 1)
 
 
 def check_settings(rule, *, made: bool = False) -> None:
@@ -241,7 +246,7 @@ def check_settings(rule, *, made: bool = False) -> None:
         value = getattr(rule, f.name)
         if value is None and (none_ok or made) or isinstance(value, jax.core.Tracer):
             continue
-        if made and not isinstance(value, _USER_VALUES):
+        if made and not _made_by_hand(value):
             continue
         where = f"{rule.name}: {f.name}={value!r}"
         try:
