@@ -223,6 +223,32 @@ def test_summary_holds_the_headline_numbers(stable_trace):
 # ---------------------------------------------------------------- the trace file
 
 
+def test_a_trace_file_that_cannot_be_written_or_read_is_one_line(tmp_path, stable_trace):
+    """Issue #47: save_trace to an unwritable path and load_trace of a missing or foreign file ended in OSError,
+    KeyError or numpy's advice to unpickle; each is one ll.LocalLeapError line naming the file."""
+    import localleap_jax as ll
+
+    (tmp_path / "file").write_text("")
+    cases = [
+        (lambda: ll.save_trace(tmp_path / "file" / "t.npz", stable_trace),
+         rf"^cannot write the trace to {tmp_path}/file/t.npz: "),
+        (lambda: ll.save_trace(tmp_path / "t.npz", None), r"^save_trace takes a Trace .* got NoneType \(generate ran "
+                                                          r"without trace=True\)$"),
+        (lambda: ll.save_trace(stable_trace, tmp_path / "t.npz"), r"^save_trace\(path, trace, ...\): the path comes "
+                                                                  r"first"),
+        (lambda: ll.load_trace(tmp_path / "missing.npz"), rf"^no trace file at {tmp_path}/missing.npz$"),
+        (lambda: ll.load_trace(tmp_path / "file"), rf"^{tmp_path}/file is not a trace file written by save_trace "
+                                                   r"\(not a NumPy .npz archive\)$"),
+        (lambda: np.savez(tmp_path / "other.npz", x=np.zeros(2)) or ll.load_trace(tmp_path / "other.npz"),
+         rf"^{tmp_path}/other.npz is not a trace file written by save_trace \(it lacks pred, conf"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ll.LocalLeapError, match=message) as e:
+            call()
+        assert "\n" not in str(e.value)
+    assert not (tmp_path / "t.npz").exists()
+
+
 def test_save_load_round_trip(tmp_path, stable_trace):
     path = save_trace(tmp_path / "t.trace", stable_trace, texts=["a", "b"], meta={"strategy": "low_confidence"})
     assert path == tmp_path / "t.trace" and path.is_file()  # no .npz appended to another suffix

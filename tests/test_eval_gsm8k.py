@@ -105,6 +105,24 @@ def test_mistakes_end_with_one_clear_line(tmp_path, capfd, make_args, message):
     assert re.search(message, lines[0]), lines[0]
 
 
+def test_a_question_holding_the_mask_token_is_refused_in_one_line(tmp_path, capfd):
+    """Issue #47: a --data question holding the mask token's text was generated and scored (the model reads the mask
+    id as a position to fill). Refused in one line naming the request, before any generation, nothing written."""
+    data = tmp_path / "masked.jsonl"
+    rows = [{"question": "Tom has 3 pens and buys 2 more. How many pens has he?", "answer": "3 + 2 = 5\n#### 5"},
+            {"question": "Sam has 4 cards. <|mdm_mask|> How many cards has he?", "answer": "#### 4"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    capfd.readouterr()
+    code = eval_gsm8k.main(["--checkpoint", "embedded", "--data", str(data), "--strategies", "threshold",
+                            "--output", str(tmp_path / "out"), "--no-compile-cache"])
+    err = capfd.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        "error: request 1's context holds the mask token '<|mdm_mask|>' (id 2), which the model reads as a position to "
+        "generate: remove it from the text (or spell it differently)")
+    assert not (tmp_path / "out").exists()
+
+
 # ---------------------------------------------------------------- issue #8: state that must never lie or break
 
 SMALL = ["--limit", "4", "--batch-size", "4", "--strategies", "threshold", "--no-compile-cache"]

@@ -300,9 +300,10 @@ def check_point(name: str, settings: dict, eval_settings: EvalSettings) -> tuple
     import localleap_jax as ll
 
     try:
-        # The rule object first: a spec leaves None settings out, so 'threshold' with kappa=None would
-        # read back as the default kappa instead of being refused.
-        spec = ll.rule(name, **settings).validate(eval_settings.gen_length, eval_settings.block_length).spec()
+        # The rule object first (ll.rule checks its settings, None included: a spec would leave a None setting out
+        # and read back as the default); then the canvas as eval_gsm8k checks it, with the model (a block-diffusion
+        # model's grid takes any gen_length, and `steps` against its blocks per row).
+        spec = ll.rule(name, **settings).spec()
         eval_settings.check(spec)  # what eval_gsm8k checks
     except DecodeError as e:
         return None, str(e)

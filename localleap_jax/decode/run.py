@@ -57,8 +57,45 @@ class Generation:
         return float(np.sum(self.nfe)) / max(self.forward_passes * held, 1)
 
 
+def check_config(cfg) -> DecodeConfig:
+    """`cfg` is a DecodeConfig (a spec string or None named in one line, with what to pass)."""
+    if isinstance(cfg, DecodeConfig):
+        return cfg
+    hint = (f"ll.DecodeConfig(strategy={cfg!r})" if isinstance(cfg, str)
+            else "ll.DecodeConfig(strategy=..., gen_length=..., block_length=...), or leave it out for the defaults")
+    raise DecodeError(f"cfg is {type(cfg).__name__} {cfg!r:.60}, not a DecodeConfig: pass {hint}"
+                      if cfg is not None else f"cfg is None: pass {hint}")
+
+
+def check_rng(rng) -> None:
+    """`rng` is None or a JAX random key: jax.random.key(seed) (a typed key), or jax.random.PRNGKey(seed) (uint32 [2])."""
+    if rng is None:
+        return
+    dtype, shape = getattr(rng, "dtype", None), getattr(rng, "shape", None)
+    typed = dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) and shape == ()
+    legacy = isinstance(rng, (jax.Array, np.ndarray)) and dtype == np.uint32 and shape == (2,)
+    if not (typed or legacy):
+        what = f"{type(rng).__name__} {rng!r:.40}" if dtype is None else f"{type(rng).__name__} {dtype}{list(shape)}"
+        raise DecodeError(f"rng is {what}, not a JAX random key: pass rng=jax.random.key(seed) (or None for greedy "
+                          "decoding)")
+
+
+def check_no_mask_in_prompts(ids: np.ndarray, mask: np.ndarray, config: ModelConfig) -> None:
+    """A masked-diffusion model reads its mask id as a position to generate: in a prompt it would be filled in and
+    the answer decoded after a corrupted prompt. (A uniform-noise canvas model has no mask: it reads every id.)"""
+    if config.canvas_length:
+        return
+    rows = np.flatnonzero(((ids == config.mask_token_id) & mask).any(axis=1))
+    if rows.size:
+        shown = ", ".join(map(str, rows[:8].tolist())) + (", ..." if rows.size > 8 else "")
+        raise DecodeError(f"prompt rows [{shown}] hold the mask id {config.mask_token_id}, which the model reads as a "
+                          "position to generate: remove the mask token from the prompt text")
+
+
 def prepare_inputs(ids, mask, cfg: DecodeConfig, config: ModelConfig, rng) -> tuple[np.ndarray, np.ndarray, int]:
     """Validate user inputs and left-pad prompts to the bucket; returns (ids, mask, pad added)."""
+    cfg = check_config(cfg)
+    check_rng(rng)
     cfg.validate(config)
     ids, mask = prompt_arrays(ids, mask)  # None, text or ragged rows: one line naming what was given
     if ids.ndim != 2 or mask.shape != ids.shape:
@@ -74,6 +111,7 @@ def prepare_inputs(ids, mask, cfg: DecodeConfig, config: ModelConfig, rng) -> tu
         raise DecodeError(f"rows {empty.tolist()} have an empty prompt (mask all False)")
     if ((ids < 0) | (ids >= config.embedding_size))[mask].any():
         raise DecodeError(f"token ids must lie in [0, {config.embedding_size})")
+    check_no_mask_in_prompts(ids, mask, config)
     longest = int(mask.sum(axis=1).max())
     tail = grid_tail(cfg.gen_length, cfg.block_length) if config.block_causal else 0  # blocks end on the grid
     if longest + cfg.gen_length + tail > config.max_sequence_length:
@@ -210,6 +248,9 @@ def assemble(model, ids, mask, cfg: DecodeConfig, rng, *, placement: Placement, 
         raise DecodeError(f"generate takes a model with config, denoiser and special (an ll.Model from ll.load); "
                           f"{type(model).__name__} has no {', '.join(missing)}")
     slots = check_slots(slots)
+    if not isinstance(trace, (bool, np.bool_)):
+        raise DecodeError(f"trace={trace!r} must be True or False")
+    cfg = check_config(cfg)
     ids_b, mask_b, pad = prepare_inputs(ids, mask, cfg, model.config, rng)
     B, P = ids_b.shape
     if cfg.traits.canvas:

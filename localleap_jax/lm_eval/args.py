@@ -261,10 +261,12 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
         name, spec_settings = parse_spec(decode["cache"])
         decode["cache"] = make_spec(name, {**spec_settings, **cache_extra})
     try:
-        # Without a block_length or gen_length the model decides them (a block-diffusion model's block, a canvas
-        # model's canvases): `fit_to_model` checks the canvas once the model is known.
+        # The canvas depends on the model, not known here: without a block_length or gen_length the model decides them
+        # (a block-diffusion model's block, a canvas model's canvases), and given both, a block-diffusion model takes a
+        # gen_length off its block (a bidirectional one does not). `fit_to_model` checks the canvas with the model
+        # (from config.json, before any weight is read).
         rule = with_shared_settings(decode.pop("strategy", DecodeConfig.strategy), **shared)
-        cfg = DecodeConfig(strategy=rule, **decode).validate(canvas={"block_length", "gen_length"} <= set(decode))
+        cfg = DecodeConfig(strategy=rule, **decode).validate(canvas=False)
     except DecodeError as e:
         unknown = str(e).startswith("unknown strategy")
         hint = "; a rule of your own: model_args rules=path/to/myrules.py" if unknown else ""

@@ -248,7 +248,7 @@ class LocalLeapLM(LM):
             out = leader().generate(self.model, ids, mask, cfg, rng, mesh=self.mesh, slots=slots)
         self.model_calls += 1
         generated = out.tokens[:len(batch), out.prompt_length:]
-        texts = tok.decode_generated(generated)
+        texts = tok.decode_generated(generated, prompt_length=0)
         answers, rows = [], []
         for j, i in enumerate(batch):
             context, gen_kwargs = requests[i].args
