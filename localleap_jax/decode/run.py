@@ -24,6 +24,7 @@ from localleap_jax.compile_cache import compile_once, signature
 from localleap_jax.config import ModelConfig
 from localleap_jax.decode.canvas import grid_tail
 from localleap_jax.decode.config import DecodeConfig, check_room, grid_blocks, prompt_arrays
+from localleap_jax.decode import progress
 from localleap_jax.decode.draws import prompt_draws
 from localleap_jax.decode.loop import LoopOutput, decode_loop
 from localleap_jax.decode.slots import decode_slots
@@ -214,9 +215,10 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
     key = rng if cfg.draws and draws is None else None
     denoiser, inputs = placement.place(decoding_denoiser(model, cfg), pad_rows(ids_b, rows), pad_rows(mask_b, rows), key,
                                        rule_rows, draws)
+    report = per_shard is not None and progress.listening()  # a caller's progress listener (decode/progress.py)
     loop_fn = (functools.partial(decode_loop, loop=loop, special=special) if per_shard is None else
-               functools.partial(decode_slots, loop=loop, special=special, slots=per_shard))
-    program_key: Hashable = (placement, loop, special, per_shard, signature(denoiser), signature(inputs))
+               functools.partial(decode_slots, loop=loop, special=special, slots=per_shard, report=report))
+    program_key: Hashable = (placement, loop, special, per_shard, report, signature(denoiser), signature(inputs))
     kind = placement.kind if per_shard is None else f"{placement.kind}/slots"
     compiled, compile_s = compile_once(kind, program_key, lambda: placement.lower(loop_fn, denoiser, inputs),
                                        shapes=tuple(np.shape(a) for a in jax.tree.leaves(inputs)))

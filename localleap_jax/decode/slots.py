@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from localleap_jax.decode.canvas import Canvas, rows_where
+from localleap_jax.decode import progress
 from localleap_jax.decode.draws import PromptDraws
 from localleap_jax.decode.loop import LoopOutput, LoopSettings, LoopState, Pass, initial_state, one_pass, row_bound
 from localleap_jax.denoiser import Denoiser, SpecialIds
@@ -65,9 +66,10 @@ def write_rows(results, rows, dest: Int[Array, "S"]):
 
 def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "N P"], rng: jax.Array | None, rule,
                  draws: PromptDraws | None = None, *, loop: LoopSettings, special: SpecialIds,
-                 slots: int) -> LoopOutput:
+                 slots: int, report: bool = False) -> LoopOutput:
     """The whole generation of N prompts through min(slots, N) rows; outputs in prompt order. `rule` has one value
-    per prompt in every setting (`with_rows(N)`); `draws`: a canvas rule's, per prompt."""
+    per prompt in every setting (`with_rows(N)`); `draws`: a canvas rule's, per prompt. `report`: after every
+    pass, the prompts that finished in it go to `progress.report` (the caller's listener)."""
     N = ids.shape[0]
     S = min(slots, N)
     queue = Canvas.build(ids, mask, gen_length=loop.gen_length, block_length=loop.block_length,
@@ -96,6 +98,8 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
                                 loop=loop, special=special)
         # A row that used up its passes (a rule that revokes, at max_passes) stops as it would alone.
         state = state._replace(done=state.done | (state.nfe >= bound))
+        if report:  # rows still holding a prompt that are done now finished in this pass
+            jax.debug.callback(progress.report, jnp.sum(state.done & (st.prompt >= 0), dtype=jnp.int32), state.passes)
         st = hand_over(st._replace(loop=state))
 
         # Free slots take the next prompts, in slot order. With rows that advance together, when the batch moves on,
