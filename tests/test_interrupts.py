@@ -108,7 +108,8 @@ def test_ctrl_c_between_batches_keeps_every_trace_says_where_and_the_rerun_goes_
     from localleap_jax.commands import analyze_dynamics
 
     out = tmp_path / "out"
-    argv = ["--checkpoint", "embedded", "--limit", "6", "--batch-size", "2", "--no-compile-cache", "--output", str(out)]
+    argv = ["--checkpoint", "embedded", "--limit", "6", "--batch-size", "2", "--gen-length", "32", "--no-compile-cache",
+            "--output", str(out)]
     first = out / "traces" / "batch-00000.npz"
 
     def interrupt_after_the_first_batch():
@@ -134,27 +135,27 @@ def test_ctrl_c_between_batches_keeps_every_trace_says_where_and_the_rerun_goes_
 def test_ctrl_c_keeps_every_scored_likelihood_request_and_the_rerun_scores_only_the_rest(tmp_path, capsys):
     """Issue #47: eval_likelihood interrupted at 144/240 said the scored requests were in "OUT/cache" (a literal
     OUT) and that a rerun resumes; the cache held nothing (the answers were cached only at the task's end) and the
-    rerun started at 0. 160 requests (40 items x 4 choices) are scored in chunks of 64, each cached as it ends."""
+    rerun started at 0. 48 requests (12 items x 4 choices) are scored in chunks of 16 (4 compiled calls of 4), each
+    cached as it ends."""
     from sqlitedict import SqliteDict
 
     from localleap_jax.commands import eval_likelihood
-    from localleap_jax.lm_eval.model import LIKELIHOOD_CHUNK
 
     out = tmp_path / "out"
-    argv = ["--n-local", "40", "--mc-num", "8", "--output", str(out), "--no-progress"]
+    argv = ["--n-local", "12", "--mc-num", "4", "--output", str(out), "--no-progress"]
     run = Running("experiments/eval_likelihood.py", *argv)
     stats = out / "cache" / "synthetic_math_choice.stats.jsonl"
-    run.wait_for(lambda: stats.is_file() and stats.read_bytes().count(b"\n") >= LIKELIHOOD_CHUNK, "a chunk scored")
+    run.wait_for(lambda: stats.is_file() and stats.read_bytes().count(b"\n") >= 16, "a chunk scored")
     run.interrupt()
     assert run.proc.returncode == 130 and "Traceback" not in run.text(), run.text()[-3000:]
     m = re.fullmatch(rf"interrupted \(Ctrl-C\): kept (\d+) requests scored by this run \(and all earlier ones\) in "
                      rf"{re.escape(str(out / 'cache'))}; rerun the same command to resume", run.last_line())
     assert m, run.last_line()
     kept = int(m.group(1))
-    assert kept in (64, 128), kept  # whole chunks: the run stops between two
+    assert kept in (16, 32), kept  # whole chunks: the run stops between two
     (db,) = (out / "cache").glob("*.db")
     with SqliteDict(str(db)) as d:
         assert len(d) - 1 == kept  # one entry per request scored, besides the cache's claim
     assert eval_likelihood.main(argv) == 0
     task = json.loads((out / "summary.json").read_text())["tasks"]["synthetic_math_choice"]
-    assert task["requests_scored"] == 160 - kept and task["n"] == 40  # only what was not kept
+    assert task["requests_scored"] == 48 - kept and task["n"] == 12  # only what was not kept

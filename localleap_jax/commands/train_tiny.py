@@ -500,11 +500,22 @@ def main(argv=None) -> int:
         problems.append(f"--decode-like is for --family llada ({args.family}'s objective has no masks to draw)")
     if problems:
         ap.error("; ".join(problems))
-    return cli.run_command(lambda: train(args, cfg, block_size, argv))
+    saved: dict = {"step": None}  # the last training state saved (what an interrupted run keeps)
+    state_dir = Path(args.out).expanduser().resolve() / "train_state"
+
+    def interrupted(why: str) -> str:  # the line of a run the watchdog ended (inside a compile or a step)
+        if saved["step"] is None:
+            return f"interrupted ({why}) before a training state was saved; nothing was kept"
+        return (f"interrupted ({why}); the training state of step {saved['step']} is kept in {state_dir}; rerun the "
+                "same command to resume")
+
+    return cli.run_command(lambda: train(args, cfg, block_size, argv, saved), interrupted)
 
 
-def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
-    """The run the flags ask for: train (or resume), then export a checkpoint directory."""
+def train(args, cfg: TrainConfig, block_size: int, argv, saved: dict | None = None) -> int:
+    """The run the flags ask for: train (or resume), then export a checkpoint directory. `saved["step"]` follows the
+    last training state saved."""
+    saved = {} if saved is None else saved
     objective = OBJECTIVES[args.family]  # the architecture and objective --family names (see main)
     cli.check_writable_dir(args.out, "--out")  # both before any work, not after the training
     if args.export:
@@ -566,7 +577,7 @@ def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
     manager = ocp.CheckpointManager(out / "train_state", options=ocp.CheckpointManagerOptions(max_to_keep=2))
     start = 0
     if manager.latest_step() is not None:
-        start = manager.latest_step()
+        start = saved["step"] = manager.latest_step()
         state = manager.restore(start, args=ocp.args.StandardRestore(state))
         print(f"resumed from step {start}")
 
@@ -582,21 +593,26 @@ def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
     bar = tqdm(steps, initial=start, total=cfg.steps, desc="train", dynamic_ncols=True, disable=args.export_only)
     completed = start
     try:
-        for step in bar:
-            batch = make_batch(step, cfg, tok)
-            state, loss = train_step(state, *batch, jax.random.fold_in(jax.random.key(cfg.seed + 1), step))
-            completed = step + 1
-            if step % 10 == 0:
-                loss = float(loss)
-                ema = loss if ema is None else 0.9 * ema + 0.1 * loss
-                bar.set_postfix(loss=f"{ema:.3f}", lr=f"{float(schedule(step)):.1e}")
-            if completed % args.save_every == 0 or completed == cfg.steps:
-                manager.save(completed, args=ocp.args.StandardSave(state))
+        with cli.stopping_between_steps():  # a Ctrl-C lands between two steps, never inside a save
+            for step in bar:
+                cli.stop_if_asked()
+                batch = make_batch(step, cfg, tok)
+                state, loss = train_step(state, *batch, jax.random.fold_in(jax.random.key(cfg.seed + 1), step))
+                completed = step + 1
+                if step % 10 == 0:
+                    loss = float(loss)
+                    ema = loss if ema is None else 0.9 * ema + 0.1 * loss
+                    bar.set_postfix(loss=f"{ema:.3f}", lr=f"{float(schedule(step)):.1e}")
+                if completed % args.save_every == 0 or completed == cfg.steps:
+                    manager.save(completed, args=ocp.args.StandardSave(state))
+                    manager.wait_until_finished()
+                    saved["step"] = completed
     except KeyboardInterrupt as e:
         # Keep every finished step: save the state now, then let the same command resume from it.
         if completed != manager.latest_step():
             manager.save(completed, args=ocp.args.StandardSave(state), force=True)
         manager.wait_until_finished()
+        saved["step"] = completed
         bar.close()
         print(f"interrupted ({str(e) or 'Ctrl-C'}) after step {completed}; state saved in {out / 'train_state'}; "
               "rerun the same command to resume", file=sys.stderr)

@@ -58,7 +58,9 @@ from localleap_jax.likelihood import LikelihoodError, encode_pair
 from localleap_jax.tokenizer import cut_at_stop, left_pad
 
 
-LIKELIHOOD_CHUNK = 64  # likelihood requests scored between two cache writes (what an interrupted run keeps)
+# Likelihood requests are scored in chunks of this many compiled calls (LikelihoodConfig.requests_per_call requests
+# each), each chunk cached as it ends: what an interrupted run keeps.
+LIKELIHOOD_CHUNK_CALLS = 4
 
 
 class _Shown:
@@ -382,9 +384,10 @@ class LocalLeapLM(LM):
             bar = tqdm(total=len(pairs), desc=f"{kind} [mc_num={self.likelihood.mc_num}]", dynamic_ncols=True,
                        disable=disable_tqdm or not self.progress)
             try:
-                for start in range(0, len(pairs), LIKELIHOOD_CHUNK):
+                size = LIKELIHOOD_CHUNK_CALLS * self.likelihood.requests_per_call
+                for start in range(0, len(pairs), size):
                     cli.stop_if_asked()
-                    chunk = pairs[start:start + LIKELIHOOD_CHUNK]
+                    chunk = pairs[start:start + size]
                     contexts, continuations = [c for c, _ in chunk], [y for _, y in chunk]
                     seconds = [0.0] * len(chunk)
 
