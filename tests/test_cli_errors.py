@@ -605,6 +605,35 @@ def test_bad_input_ends_in_one_line_and_leaves_nothing(inputs, tmp_path, capfd, 
     assert not os.path.exists("/sys/localleap-eval-out")
 
 
+@pytest.mark.parametrize("program, argv, error", [
+    ("adapter", ["--model", "localleap", "--model_args", "checkpoint=embedded", "--tasks", "nosuchtask", "--limit", "1"],
+     r"^lm-eval knows no task nosuchtask: `python -m localleap_jax.lm_eval ls tasks` lists them, and --include_path "
+     r"DIR adds tasks of your own \(YAML files\)$"),
+    ("likelihood", ["--tasks", "gsm8k_minii,nosuchtask"],
+     r"^--tasks: lm-eval knows no task gsm8k_minii \(did you mean gsm8k_mini\?\); nosuchtask; `python -m "
+     r"localleap_jax.lm_eval ls tasks` lists them, and --tasks local runs offline$"),
+])
+def test_an_unknown_task_is_one_line_and_leaves_nothing(inputs, tmp_path, capfd, compile_cache_dir, monkeypatch, program,
+                                                        argv, error):
+    """Issue #47: `--tasks nosuchtask` ended the lm-eval command line in a 26-line traceback, and eval_likelihood left
+    its response cache behind. lm-eval's own lookup runs, on an index of {tmp}/tasks alone (its index of every task it
+    ships takes tens of seconds)."""
+    from lm_eval.tasks import TaskManager
+
+    index = TaskManager.__init__
+    monkeypatch.setattr(TaskManager, "__init__", lambda self, *a, **k: index(
+        self, include_path=str(inputs / "tasks"), include_defaults=False))
+    out = tmp_path / "out"
+    before = snapshot(inputs)
+    r = in_process(PROGRAMS[program][1](), [*argv, *(["--output", out] if program in WITH_OUTPUT else [])], capfd,
+                   compile_cache_dir)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert lines[-1].startswith("error: ") and re.search(error, lines[-1][len("error: "):]), lines[-1]
+    assert [line for line in lines if line.startswith("error:")] == lines[-1:]
+    assert not out.exists() and snapshot(inputs) == before
+
+
 # ---------------------------------------------------------------- an output that cannot be written (issue #40)
 
 # Every command's output and cache paths, each pointed under a regular file ({blocked} = {tmp}/afile/out), which

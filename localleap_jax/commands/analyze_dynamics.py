@@ -127,11 +127,14 @@ class Traced:
         self.new_batches = 0  # written by this run
         self.analysed = False
         self.discarded = False  # the output directory was removed: this run had made it and produced nothing
+        self.from_traces = False  # the run analyses saved traces (--from-traces): it generates none
 
     def produced(self) -> bool:
         return self.new_batches > 0 or self.analysed
 
     def interrupted(self, why: str) -> str:
+        if self.from_traces:
+            return f"interrupted ({why}) before the analysis was written; the trace files are as they were"
         if self.discarded or not self.batches:
             return f"interrupted ({why}) before any batch was traced; nothing was kept"
         return (f"interrupted ({why}): kept the traces of {self.batches} finished batches ({self.rows} problems) in "
@@ -347,6 +350,7 @@ def main(argv=None) -> int:
 
 def run(args, traced: Traced) -> int:
     out = cli.check_writable_dir(args.output, "--output")  # before the model loads, not after its traces
+    traced.from_traces = bool(args.from_traces)
     if args.from_traces:
         given = [f"--{k.replace('_', '-')}" for k in GENERATION_FLAGS if getattr(args, k) is not None]
         if given:

@@ -101,6 +101,7 @@ class Placement(Protocol):
     """Where one batch's loop runs, and how its rows are laid out there."""
 
     kind: str  # names the program in compile_cache.compiled_programs()
+    local: bool  # its devices are this process's only (a mesh may span processes, whose programs must match)
 
     def rows(self, batch: int) -> int:
         """Rows the program runs for a batch of `batch` (padded with copies of row 0 to fill the devices)."""
@@ -126,6 +127,7 @@ class OneDevice:
     """The whole batch in one program on the default device."""
 
     kind = "decode/one-device"
+    local = True
 
     def rows(self, batch):
         return batch
@@ -215,7 +217,9 @@ def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Arra
     key = rng if cfg.draws and draws is None else None
     denoiser, inputs = placement.place(decoding_denoiser(model, cfg), pad_rows(ids_b, rows), pad_rows(mask_b, rows), key,
                                        rule_rows, draws)
-    report = per_shard is not None and progress.listening()  # a caller's progress listener (decode/progress.py)
+    # A caller's progress listener (decode/progress.py), on this process's devices only: a mesh may span processes,
+    # whose programs must be the same.
+    report = per_shard is not None and progress.listening() and placement.local
     loop_fn = (functools.partial(decode_loop, loop=loop, special=special) if per_shard is None else
                functools.partial(decode_slots, loop=loop, special=special, slots=per_shard, report=report))
     program_key: Hashable = (placement, loop, special, per_shard, report, signature(denoiser), signature(inputs))

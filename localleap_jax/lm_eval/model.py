@@ -76,14 +76,14 @@ class _Shown:
     def finished(self, n: int, passes: int = 0) -> None:
         n = min(n, self.rows - self.done)  # a data shard's padding rows finish too: never past the call's rows
         self.done += n
-        if n:
-            self.bar.update(n)
         if passes > self.passes:
             self.passes = passes
             now = time.monotonic()
-            redraw = now - self.drawn >= self.REDRAW_S
-            self.drawn = now if redraw else self.drawn
+            redraw = now - self.drawn >= self.REDRAW_S and not n  # (an update below redraws anyway)
+            self.drawn = now if redraw or n else self.drawn
             self.bar.set_postfix_str(f"pass {passes}", refresh=redraw)
+        if n:
+            self.bar.update(n)
 
     def rest(self) -> None:
         self.finished(self.rows - self.done)
