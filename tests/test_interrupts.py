@@ -136,7 +136,7 @@ def test_ctrl_c_keeps_every_scored_likelihood_request_and_the_rerun_scores_only_
     """Issue #47: eval_likelihood interrupted at 144/240 said the scored requests were in "OUT/cache" (a literal
     OUT) and that a rerun resumes; the cache held nothing (the answers were cached only at the task's end) and the
     rerun started at 0. 48 requests (12 items x 4 choices) are scored in chunks of 16 (4 compiled calls of 4), each
-    cached as it ends."""
+    cached as it ends. (Also the command's end to end run: its summary, its table, a rerun from the cache.)"""
     from sqlitedict import SqliteDict
 
     from localleap_jax.commands import eval_likelihood
@@ -158,4 +158,9 @@ def test_ctrl_c_keeps_every_scored_likelihood_request_and_the_rerun_scores_only_
         assert len(d) - 1 == kept  # one entry per request scored, besides the cache's claim
     assert eval_likelihood.main(argv) == 0
     task = json.loads((out / "summary.json").read_text())["tasks"]["synthetic_math_choice"]
-    assert task["requests_scored"] == 48 - kept and task["n"] == 12  # only what was not kept
+    assert task["requests_scored"] == 48 - kept  # only what was not kept
+    assert task["n"] == 12 and task["mc_num"] == 4 and task["mc_batch_size"] == 4 and 0 <= task["acc"] <= 1
+    assert "synthetic_math_choice" in capsys.readouterr().out  # the table
+    assert eval_likelihood.main(argv) == 0  # once more: every request from lm-eval's cache, the same accuracy
+    again = json.loads((out / "summary.json").read_text())["tasks"]["synthetic_math_choice"]
+    assert again["requests_scored"] == 0 and again["acc"] == task["acc"]
