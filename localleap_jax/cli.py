@@ -12,8 +12,10 @@ How a command ends: 0 when it finished; EXIT_ERROR (2) with one `error: ...` lin
 (any `LocalLeapError`, the library's one error base, and any OSError: the environment, not the code: a
 directory that cannot be written, a full disk); EXIT_INTERRUPTED (130, what a shell reports for Ctrl-C) with one
 line saying what was kept, for Ctrl-C, SIGTERM (a scheduler's kill, `timeout`) or SIGHUP (the terminal went
-away). A Ctrl-C while a command is still importing its heavy modules (`guard_startup`) ends it in one line too.
-An output directory that cannot be written is found before any work (`check_writable_dir`).
+away): within seconds, even while JAX compiles or runs a program (the program's watchdog; see "signals" below),
+and never a crash. A Ctrl-C while a command is still importing its heavy modules (`guard_startup`) ends it in one
+line too. Work made of steps (batches, chunks, training steps) stops between two (`stopping_between_steps`), so a
+finished step is kept. An output directory that cannot be written is found before any work (`check_writable_dir`).
 
 A leaf: it imports nothing of the package but `errors`, so it costs nothing to import before anything heavy.
 """
@@ -158,6 +160,7 @@ def check_writable_dir(directory: str | Path, flag: str, named: str | Path | Non
 #   is flushed): tearing JAX down after an interrupted compile can crash (a segmentation fault after the line).
 
 GRACE_S = 2.0  # how long the watchdog lets the work take to stop at a step or start unwinding after a signal
+LINE_S = 10.0  # how long it waits for the command's interrupted line (which may commit a response cache first)
 
 
 def _interrupted_while_starting(signum, frame):
@@ -348,11 +351,18 @@ class _Watchdog:
                 cleanup()
             except Exception:  # noqa: BLE001  (ending anyway; the line below says what was kept)
                 pass
-        try:
-            line = self.interrupted(_STATE.why or "Ctrl-C")
-        except Exception:  # noqa: BLE001
-            line = _interrupted(_STATE.why or "Ctrl-C")
-        _exit_now(line)
+        why, said = _STATE.why or "Ctrl-C", []
+        # The line may commit a cache first (a writer thread): bounded, so a stuck writer never stops the exit.
+        def tell() -> None:
+            try:
+                said.append(self.interrupted(why))
+            except Exception:  # noqa: BLE001  (the plain line below)
+                pass
+
+        teller = threading.Thread(target=tell, daemon=True)
+        teller.start()
+        teller.join(timeout=LINE_S)
+        _exit_now(said[0] if said else _interrupted(why))
 
 
 _HANDLED = (signal.SIGINT, *TERMINATING)
