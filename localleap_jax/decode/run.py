@@ -24,6 +24,7 @@ from localleap_jax.compile_cache import compile_once, signature
 from localleap_jax.config import ModelConfig
 from localleap_jax.decode.canvas import grid_tail
 from localleap_jax.decode.config import DecodeConfig, check_room, grid_blocks, prompt_arrays
+from localleap_jax.decode import progress
 from localleap_jax.decode.draws import prompt_draws
 from localleap_jax.decode.loop import LoopOutput, PerRow, decode_loop
 from localleap_jax.decode.slots import decode_slots
@@ -140,6 +141,7 @@ class Placement(Protocol):
     """Where one batch's loop runs, and how its rows are laid out there."""
 
     kind: str  # names the program in compile_cache.compiled_programs()
+    local: bool  # its devices are this process's only (a mesh may span processes, whose programs must match)
 
     def rows(self, batch: int) -> int:
         """Rows the program runs for a batch of `batch` (padded with copies of row 0 to fill the devices)."""
@@ -165,6 +167,7 @@ class OneDevice:
     """The whole batch in one program on the default device."""
 
     kind = "decode/one-device"
+    local = True
 
     def rows(self, batch):
         return batch
@@ -269,12 +272,15 @@ def assemble(model, ids, mask, cfg: DecodeConfig, rng, *, placement: Placement, 
     # masked rule's sampling key is per batch (each data shard its own); greedy decoding draws nothing: no key.
     draws = jax.tree.map(lambda a: pad_rows(a, rows), prompt_draws(rng, B, noise)) if cfg.traits.canvas else None
     key = rng if cfg.draws and draws is None else None
+    # A caller's progress listener (decode/progress.py), on this process's devices only: a mesh may span processes,
+    # whose programs must be the same.
+    report = per_shard is not None and progress.listening() and placement.local
     loop_fn = (functools.partial(decode_loop, loop=loop, special=special) if per_shard is None else
-               functools.partial(decode_slots, loop=loop, special=special, slots=per_shard))
+               functools.partial(decode_slots, loop=loop, special=special, slots=per_shard, report=report))
     kind = placement.kind if per_shard is None else f"{placement.kind}/slots"
     return Program(loop_fn, decoding_denoiser(model, cfg),
                    (pad_rows(ids_b, rows), pad_rows(mask_b, rows), key, rule_rows, draws), kind,
-                   (placement, loop, special, per_shard), loop, B, P, pad, per_shard)
+                   (placement, loop, special, per_shard, report), loop, B, P, pad, per_shard)
 
 
 def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,

@@ -130,6 +130,18 @@ def split_specs(text: str) -> list[str]:
     return specs
 
 
+
+def unknown_rule(name: str, what: str = "strategy") -> str:
+    """The line for a rule name nobody registered: the closest registered names when there are any (a misspelling),
+    else every name."""
+    import difflib
+
+    near = difflib.get_close_matches(name, RULES, n=3)
+    if near:
+        return f"unknown {what} {name!r}; did you mean {' or '.join(map(repr, near))}?"
+    return f"unknown {what} {name!r}; choose from {', '.join(sorted(RULES))}"
+
+
 def rule(name_or_spec, **settings):
     """A rule object from a name and settings, or from a spec string ('eb:gamma=0.01'); a rule object
     passes through (with `settings` applied). Checked when made (one DecodeError line)."""
@@ -151,7 +163,7 @@ def rule(name_or_spec, **settings):
         return made
     name, parsed = parse_spec(name_or_spec)
     if name not in RULES:
-        raise DecodeError(f"unknown strategy {name!r}; choose from {', '.join(sorted(RULES))}")
+        raise DecodeError(unknown_rule(name))
     settings = {**parsed, **settings}
     cls = RULES[name]
     known = set(settings_of(cls())) if dataclasses.is_dataclass(cls) else None
