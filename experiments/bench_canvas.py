@@ -112,4 +112,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    cli.guard_startup()  # this process is the command's: Ctrl-C answered within seconds (localleap_jax.cli)
+    raise SystemExit(cli.run_command(main))

@@ -104,4 +104,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    cli.guard_startup()  # this process is the command's: Ctrl-C answered within seconds (localleap_jax.cli)
     sys.exit(cli.run_command(main))

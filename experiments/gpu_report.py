@@ -8,7 +8,8 @@ Weights: `bench_common.random_model(shape)` (bf16 on GPU, fp32 on CPU); the PyTo
 LlamaForCausalLM holding the same tensors (`bench_common.torch_twin`: device to device through dlpack, no host
 copy). Every number is measured in this run, so each ratio compares the two sides on the same machine.
 
-Sections, printed with their elapsed time and written to --json (default gpu_report.json):
+Sections, printed with their elapsed time and written to --json (default runs/gpu_report/<shape>.json, under the
+current directory):
   forward     one bidirectional forward to logits [B, L, V] at L=--length (1152): ms and TFLOP/s, JAX's
               `model.forward` vs transformers' Llama with a boolean 4D mask; ratio torch ms / JAX ms
   caches      ms per step and tokens/s for every cache mode (none / prefix / dual): JAX `ll.generate(cache=m)` vs
@@ -309,10 +310,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--reps", type=int, default=3, help="forward: median of this many")
     ap.add_argument("--budget-s", type=float, default=400.0, help="time for the whole report (sections share it)")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads on both sides (read by bench_threads)")
-    ap.add_argument("--json", default="gpu_report.json", help="where the report goes besides the printout")
+    ap.add_argument("--json", help="where the report goes besides the printout (default "
+                                   "runs/gpu_report/<shape>.json, under the current directory)")
     ap.add_argument("--decoder-memory-only", action="store_true",
                     help="only the decoder's memory, in this process (no torch): what the report runs first")
     args = ap.parse_args(argv)
+    args.json = Path(args.json or Path("runs") / "gpu_report" / f"{args.shape}.json").expanduser().resolve()
+    # checked before minutes of measuring, nothing left behind
+    cli.check_writable_dir(args.json.parent, "--json", args.json)
+    if args.json.is_dir():
+        ap.error(f"argument --json: {args.json} is a directory; name the report's file")
     for k, v in SHAPE_DEFAULTS[args.shape].items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -380,12 +387,14 @@ def main(argv=None) -> dict:
     print(f"\npeak device memory with the twin (the benchmark's): JAX {gib(mem['jax_peak_bytes'])}, torch "
           f"{gib(mem['torch_peak_bytes'])}; the decoder's alone: {gib(decoder.get('peak_bytes'))}")
     print(f"total {report['total_seconds']:.1f} s")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.json.with_name(f".{args.json.name}.tmp")
+    tmp.write_text(json.dumps(report, indent=2))
+    tmp.replace(args.json)
     print(f"written {args.json}")
     return report
 
 
 if __name__ == "__main__":
+    cli.guard_startup()  # this process is the command's: a Ctrl-C is answered within seconds, even mid-measurement
     sys.exit(cli.run_command(lambda: main() and 0))  # main returns the report it wrote

@@ -12,8 +12,8 @@ command line can import its toolkit (`localleap_jax.cli`) and guard its startup 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 # name -> the module that defines it
 _HOMES = {
@@ -30,15 +30,16 @@ _HOMES = {
     "Trace": "trace", "load_trace": "trace", "save_trace": "trace",
 }
 
-__all__ = sorted([*_HOMES, "checkpoint"])
+# The public names, and the two submodules the documentation reaches into (ll.rules.RuleBase, ll.checkpoint.load).
+__all__ = sorted([*_HOMES, "checkpoint", "rules"])
 
 
 def __getattr__(name: str):
     if name in _HOMES:
-        value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+        value = getattr(_importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
     else:  # a submodule (ll.checkpoint, ll.rules, ll.model, ...): imported on first use, as `import` would
         try:
-            value = importlib.import_module(f"{__name__}.{name}")
+            value = _importlib.import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as e:
             if e.name != f"{__name__}.{name}":
                 raise
@@ -48,10 +49,14 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted({*globals(), *__all__})
+    # What a reader may use: the public names, not this module's machinery nor every submodule imported so far
+    # (each is still reachable as ll.<submodule>).
+    return list(__all__)
 
 
-if TYPE_CHECKING:  # what the names are, for readers and type checkers
+del annotations  # the __future__ import's binding: not a name of the package
+
+if _TYPE_CHECKING:  # what the names are, for readers and type checkers
     from localleap_jax import checkpoint
     from localleap_jax.api import generate, load, loglikelihood, lower_generate
     from localleap_jax.checkpoint import CheckpointError, Model

@@ -18,6 +18,7 @@ A multi-process run's leader sends each call to the other processes first (`loca
 from __future__ import annotations
 
 import jax
+import numpy as np
 
 from localleap_jax import checkpoint
 from localleap_jax.checkpoint import Model
@@ -25,7 +26,7 @@ from localleap_jax.decode import DecodeConfig, Generation, run
 from localleap_jax.dist import aot
 from localleap_jax.dist.placement import decode_placement, likelihood_placement
 from localleap_jax.errors import CheckpointError
-from localleap_jax.likelihood import LikelihoodConfig, greedy_match, loglikelihood as loglikelihood_on
+from localleap_jax.likelihood import LikelihoodConfig, LikelihoodError, greedy_match, loglikelihood as loglikelihood_on
 from localleap_jax.processes import all_succeed
 from localleap_jax.resolve import resolve_checkpoint
 
@@ -35,6 +36,10 @@ def load(path, dtype="bfloat16", verify: bool = True, mesh=None) -> Model:
     straight into each parameter's shards; on several processes, every process at once (a step that fails on one
     fails on all, so none waits). `path`: a checkpoint directory, "embedded" / "embedded-sdar" / "embedded-dg" /
     "embedded-chain" (the shipped small models), or a hub id (converted once)."""
+    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+        raise CheckpointError(f"mesh must be a jax Mesh (ll.make_mesh(data=..., model=...)), got {type(mesh).__name__}")
+    if not isinstance(verify, (bool, np.bool_)):
+        raise CheckpointError(f"verify={verify!r} must be True or False")
     return checkpoint.load(resolve_checkpoint(path), dtype, verify, mesh,
                            agree=lambda step, what: all_succeed(step, CheckpointError, what))
 
@@ -61,6 +66,10 @@ def loglikelihood(model, contexts, continuations, lcfg: LikelihoodConfig = Likel
     the authors do). The family's own estimator (LLaDA's for LLaDA, Dream's for Dream) unless
     `lcfg.estimator` names one; see `LikelihoodConfig`. `mesh` splits the requests over "data" and the weights
     over "model"; `progress` shows a bar; `greedy=True` returns LLaDA's is-greedy flags [N] bool instead."""
+    missing = [a for a in ("config", "denoiser") if not hasattr(model, a)]
+    if missing:
+        raise LikelihoodError(f"loglikelihood takes a model (an ll.Model from ll.load); {type(model).__name__} has no "
+                              f"{', '.join(missing)}")
     placement = likelihood_placement(mesh)
     on_group = bar = None
     if progress:

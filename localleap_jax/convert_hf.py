@@ -31,7 +31,7 @@ from tqdm import tqdm
 from localleap_jax.checkpoint import abstract_params, atomic_directory, check_output_path, write_checkpoint_files
 from localleap_jax.config import ModelConfig
 from localleap_jax.errors import ConfigError, ConversionError, first_line
-from localleap_jax.families import FAMILIES, Family, detect, family_of, tensor_map
+from localleap_jax.families import FAMILIES, Family, detect, family_of, tensor_map, tied_copies
 from localleap_jax.families.target import hf_shape, leaf_of, parts, swap_last
 from localleap_jax.hashing import sha256_file
 
@@ -142,16 +142,25 @@ def find_shards(src: Path) -> list[Path]:
     raise ConversionError(f"no .safetensors files in {src}")
 
 
-def check_tensors(shards: list[Path], config: ModelConfig) -> dict[str, TensorInfo]:
-    """Every tensor's location, after checking the whole set against config.json."""
+def check_tensors(shards: list[Path], config: ModelConfig) -> tuple[dict[str, TensorInfo], dict[str, TensorInfo]]:
+    """Every tensor's location, after checking the whole set against config.json; and the tied copies the checkpoint
+    also holds (`families.tied_copies`: an export that did not de-duplicate them), each the shape and dtype of its
+    source (their values are compared while converting)."""
     targets = tensor_map(config)
+    tied = tied_copies(config)
     found: dict[str, TensorInfo] = {}
+    copies: dict[str, TensorInfo] = {}
     duplicates, unexpected, bad_shape, bad_dtype = [], [], [], []
     expected = abstract_params(config)
     ignored = family_of(config).ignored_tensors  # name prefixes of tensors the network does not use
     for shard in shards:
         for name, info in read_header(shard).items():
             if ignored and name.startswith(ignored) and name not in targets:
+                continue
+            if name in tied:
+                if name in copies:
+                    duplicates.append(f"{name} (in {copies[name].shard.name} and {shard.name})")
+                copies[name] = info
                 continue
             if name in found:
                 duplicates.append(f"{name} (in {found[name].shard.name} and {shard.name})")
@@ -179,6 +188,11 @@ def check_tensors(shards: list[Path], config: ModelConfig) -> dict[str, TensorIn
             if info.shape != whole or not tiles:
                 bad_shape.append(f"{name} is {list(info.shape)}, config.json implies {list(whole)}")
     missing = [n for n in targets if n not in found]
+    for name, info in copies.items():
+        source = found.get(tied[name])
+        if source is not None and (info.shape, info.dtype) != (source.shape, source.dtype):
+            bad_shape.append(f"{name} is {info.dtype} {list(info.shape)}, but the tensor it is tied to, {tied[name]}, "
+                             f"is {source.dtype} {list(source.shape)}")
     problems = []
     for label, items in (("missing", missing), ("duplicate", duplicates), ("unexpected", unexpected),
                          ("wrong shape", bad_shape),
@@ -188,7 +202,18 @@ def check_tensors(shards: list[Path], config: ModelConfig) -> dict[str, TensorIn
             problems.append(f"{label}: {', '.join(shown)}")
     if problems:
         raise ConversionError("the checkpoint does not match config.json; " + "; ".join(problems))
-    return found
+    return found, copies
+
+
+def check_tied_copy(name: str, copy: TensorInfo, source_name: str, source: TensorInfo) -> None:
+    """A tied copy must equal its source: the network reads only the source, so a copy that differs would be dropped
+    silently from a checkpoint that is not what it claims to be."""
+    a, b = read_tensor(copy), read_tensor(source)
+    if not np.array_equal(a, b):
+        differ = int(np.count_nonzero(a != b))
+        raise ConversionError(f"{name} differs from {source_name}, the tensor it is tied to ({differ} of {a.size} "
+                              "values): the checkpoint's tied copies disagree; export it with its tied weights equal "
+                              "(or without the copies)")
 
 
 def tokenizer_source(local: Path, config: ModelConfig, workdir: Path) -> Path:
@@ -244,7 +269,8 @@ def convert(src: str, out: str, dtype: str = "source", revision: str | None = No
         tokenizer_dir = tokenizer_source(local, config, Path(work))
         check_tokenizer(tokenizer_dir, config)
         shards = find_shards(local)
-        tensors = check_tensors(shards, config)
+        tensors, copies = check_tensors(shards, config)
+        tied = tied_copies(config)
 
         source_dtypes = {t.dtype for t in tensors.values()}
         if dtype == "source":
@@ -264,9 +290,13 @@ def convert(src: str, out: str, dtype: str = "source", revision: str | None = No
         params = jax.tree.map(lambda a: np.empty(a.shape, out_dtype), abstract_params(config))
         shard_sums = []
         with atomic_directory(out) as tmp:
-            bar = tqdm(total=sum(t.nbytes for t in tensors.values()), unit="B", unit_scale=True, desc="convert",
-                       disable=not progress)
+            bar = tqdm(total=sum(t.nbytes for t in (*tensors.values(), *copies.values())), unit="B", unit_scale=True,
+                       desc="convert", disable=not progress)
             for shard in shards:  # one shard at a time, one tensor at a time
+                for name, info in copies.items():  # read to be compared, never stored
+                    if info.shard == shard:
+                        check_tied_copy(name, info, tied[name], tensors[tied[name]])
+                        bar.update(info.nbytes)
                 for name, info in tensors.items():
                     if info.shard != shard:
                         continue

@@ -24,6 +24,15 @@ class TokenizerError(LocalLeapError, ValueError):
     """A tokenizer that cannot be used with its model."""
 
 
+class PromptTypeError(TokenizerError, TypeError):
+    """A prompt that is not text (None, bytes, token ids) or a batch that is not a list of prompts: also a TypeError,
+    as it always was."""
+
+
+class TraceError(LocalLeapError, ValueError):
+    """A trace file that cannot be written or read (an unwritable path, a missing or foreign file)."""
+
+
 class DecodeError(LocalLeapError, ValueError):
     """A decoding configuration or input that cannot run."""
 

@@ -36,7 +36,19 @@ def make_mesh(data: int | None = None, model: int = 1, devices=None, *, expert: 
     """A (data, model) mesh, or with expert > 1 a (data, expert, model) mesh, over `devices` (default: all
     devices of all processes); `data` defaults to what is left after the other axes. `make_mesh(2, 4)` is
     data=2, model=4."""
-    devices = list(jax.devices() if devices is None else devices)
+    for axis, size in (("data", data), ("model", model), ("expert", expert)):
+        if size is None and axis == "data":
+            continue
+        if isinstance(size, (bool, np.bool_)) or not isinstance(size, (int, np.integer)) or size < 1:
+            rest = " (or None: what the other axes leave)" if axis == "data" else ""
+            raise DecodeError(f"make_mesh: {axis}={size!r} must be a positive whole number{rest}")
+    try:
+        devices = list(jax.devices() if devices is None else devices)
+    except TypeError:
+        raise DecodeError(f"make_mesh: devices={devices!r:.40} must be a list of devices (jax.devices())") from None
+    if not devices or not all(isinstance(d, jax.Device) for d in devices):
+        raise DecodeError(f"make_mesh: devices must be a non-empty list of JAX devices (jax.devices()), got "
+                          f"{devices!r:.60}")
     if expert < 1 or model < 1 or len(devices) % (expert * model):
         raise DecodeError(f"{_axes_text(expert=expert, model=model)} does not divide the {len(devices)} devices")
     data = len(devices) // (expert * model) if data is None else data

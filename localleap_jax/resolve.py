@@ -8,6 +8,7 @@ A hub id (owner/repo) is converted once into CACHE_DIR and reused; this is the o
 from __future__ import annotations
 
 import sys
+from os import PathLike
 from pathlib import Path
 
 from localleap_jax.checkpoint import EMBEDDED, EMBEDDED_MODELS
@@ -23,6 +24,10 @@ def resolve_checkpoint(name: str | Path | None) -> Path:
     which the rules differ),
     a directory, or a hub id such as GSAI-ML/LLaDA-8B-Instruct or
     Dream-org/Dream-v0-Instruct-7B (converted once into a cache, then reused)."""
+    if name is not None and not isinstance(name, (str, PathLike)):
+        raise CheckpointError(f"a checkpoint is named by a str or Path: a checkpoint directory, "
+                              f"{', '.join(map(repr, EMBEDDED_MODELS))} or a hub id; got {type(name).__name__} "
+                              f"{name!r:.40}")
     if name is None or str(name) in ("", *EMBEDDED_MODELS):
         path = EMBEDDED_MODELS.get(str(name), EMBEDDED)
         if not (path / "manifest.json").exists():

@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from localleap_jax.errors import TokenizerError, first_line
+from localleap_jax.errors import PromptTypeError, TokenizerError, first_line
 
 MASK_TOKEN = "<|mdm_mask|>"
 EOS_TOKEN = "<|endoftext|>"
@@ -55,8 +55,11 @@ class Tokenizer:
     """Chat formatting, left-padded batches and generated-text decoding for one model."""
 
     def __init__(self, hf_tokenizer, *, mask_id: int, eos_id: int, pad_id: int | None = None,
-                 end_ids: Sequence[int] = ()):
+                 end_ids: Sequence[int] = (), masked: bool = True):
         self.hf = hf_tokenizer
+        # True: the model reads mask_id as a position to generate, so a prompt must not hold it (encode refuses it);
+        # False: a uniform-noise canvas model, which never reads its mask id as one.
+        self.masked = bool(masked)
         self.end_ids = tuple(int(t) for t in end_ids)  # more ids that end a row (a model listing several EOS ids)
         self.mask_id = int(mask_id)
         self.eos_id = int(eos_id)
@@ -73,7 +76,7 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, path: str | Path, *, mask_id: int, eos_id: int, pad_id: int | None = None,
-                 end_ids: Sequence[int] = ()) -> "Tokenizer":
+                 end_ids: Sequence[int] = (), masked: bool = True) -> "Tokenizer":
         from transformers import PreTrainedTokenizerFast
 
         path = Path(path)
@@ -83,7 +86,7 @@ class Tokenizer:
             hf = PreTrainedTokenizerFast.from_pretrained(str(path))
         except Exception as e:  # a damaged tokenizer.json / tokenizer_config.json: one line naming it
             raise TokenizerError(f"the tokenizer in {path} cannot be read ({type(e).__name__}: {first_line(e)})") from None
-        return cls(hf, mask_id=mask_id, eos_id=eos_id, pad_id=pad_id, end_ids=end_ids)
+        return cls(hf, mask_id=mask_id, eos_id=eos_id, pad_id=pad_id, end_ids=end_ids, masked=masked)
 
     @property
     def vocab_size(self) -> int:
@@ -105,37 +108,78 @@ class Tokenizer:
         return self.hf.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                            add_generation_prompt=True)
 
-    def encode(self, prompt: str, chat: bool = True) -> list[int]:
-        check_prompt(prompt, "the prompt")
+    def encode(self, prompt: str, chat: bool = True, *, what: str = "the prompt") -> list[int]:
+        """The ids of one prompt (as one user turn of the chat template with `chat`); a prompt that is not text, or
+        whose text holds the mask token (a masked model would read it as a position to generate), is refused in one
+        line naming it (`what`)."""
+        check_prompt(prompt, what)
         text = self.chat(prompt) if chat else prompt
         # The chat template already holds BOS; never let the tokenizer add its own specials.
-        return self.hf(text, add_special_tokens=False)["input_ids"]
+        ids = self.hf(text, add_special_tokens=False)["input_ids"]
+        if self.masked and self.mask_id in ids:
+            token = self.hf.convert_ids_to_tokens(self.mask_id)
+            raise TokenizerError(f"{what} holds the mask token {token!r} (id {self.mask_id}), which the model reads as "
+                                 "a position to generate: remove it from the text (or spell it differently)")
+        return ids
 
     def encode_batch(self, prompts: Sequence[str], chat: bool = True, pad_to_multiple_of: int = 1
                      ) -> tuple[np.ndarray, np.ndarray]:
         """Left-padded ids [B, Lp] int32 and a mask [B, Lp] bool that is True on real tokens."""
         if isinstance(prompts, (str, bytes, bytearray)) or prompts is None or not hasattr(prompts, "__iter__"):
-            raise TypeError(f"encode_batch takes a list of prompts (str), not {_what(prompts)}")
+            hint = f" (one prompt: [{prompts!r:.30}])" if isinstance(prompts, str) else ""
+            raise PromptTypeError(f"encode_batch takes a list of prompts (str), not {_what(prompts)}{hint}")
         prompts = list(prompts)
+        if not prompts:
+            raise TokenizerError("encode_batch got no prompts: pass a list of one or more prompts (str)")
         for i, p in enumerate(prompts):
             check_prompt(p, f"prompt {i}")
-        encoded = [self.encode(p, chat) for p in prompts]
+        encoded = [self.encode(p, chat, what=f"prompt {i}") for i, p in enumerate(prompts)]
+        if isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, (int, np.integer)) \
+                or pad_to_multiple_of < 1:
+            raise TokenizerError(f"pad_to_multiple_of={pad_to_multiple_of!r} must be a positive whole number")
         return left_pad(encoded, self.pad_id, pad_to_multiple_of)
 
-    def decode_generated(self, out) -> list[str]:
+    def decode_generated(self, out, prompt_length: int | None = None) -> list[str]:
         """Text of each row's generated part, cut at the first EOS/EOT.
 
-        `out` is a `Generation` (its `tokens` and `prompt_length`) or a [B, G] array of generated ids.
+        `out` is a `Generation` (ll.generate's output: its `tokens` and `prompt_length`), or token ids [B, L] with
+        `prompt_length`, how many of each row's ids are the prompt (0: every id is generated). An array alone is
+        refused: it may hold the prompt (out.tokens does), whose text would be returned as the answer.
         """
-        gen = np.asarray(out.tokens)[:, out.prompt_length:] if hasattr(out, "tokens") else np.asarray(out)
-        return [self.hf.decode(cut_at_stop(row, self.stop_ids), skip_special_tokens=True) for row in gen]
+        if hasattr(out, "tokens") and hasattr(out, "prompt_length"):
+            if prompt_length is not None and prompt_length != out.prompt_length:
+                raise TokenizerError(f"decode_generated: prompt_length={prompt_length!r} beside a Generation, whose "
+                                     f"prompt_length is {out.prompt_length}: pass the Generation alone")
+            ids, prompt_length = out.tokens, out.prompt_length
+        elif prompt_length is None:
+            raise TokenizerError(f"decode_generated takes ll.generate's output (a Generation), or token ids with "
+                                 f"prompt_length=N (0: all generated); got {_what(out)} alone, which may hold the "
+                                 "prompt (out.tokens does)")
+        else:
+            ids = out
+        try:
+            gen = np.asarray(ids)
+        except (ValueError, TypeError):
+            gen = None
+        if gen is None or gen.ndim != 2 or gen.size and not np.issubdtype(gen.dtype, np.integer):
+            raise TokenizerError(f"decode_generated takes token ids [batch, length] (integers), got {_what(ids)}")
+        if isinstance(prompt_length, bool) or not isinstance(prompt_length, (int, np.integer)) \
+                or not 0 <= prompt_length <= gen.shape[1]:
+            raise TokenizerError(f"prompt_length={prompt_length!r} must be a whole number in [0, {gen.shape[1]}] "
+                                 "(the row length)")
+        return [self.hf.decode(cut_at_stop(row, self.stop_ids), skip_special_tokens=True)
+                for row in gen[:, prompt_length:]]
 
     def save(self, path: str | Path) -> None:
         self.hf.save_pretrained(str(path))
 
 
 def _what(value) -> str:
-    return "None" if value is None else f"{type(value).__name__} {value!r:.40}"
+    if value is None:
+        return "None"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"{type(value).__name__} {value.dtype}{list(value.shape)}"
+    return f"{type(value).__name__} {value!r:.40}"
 
 
 def check_prompt(prompt, what: str) -> None:
@@ -145,7 +189,7 @@ def check_prompt(prompt, what: str) -> None:
     hint = (" (decode it first: .decode('utf-8'))" if isinstance(prompt, (bytes, bytearray))
             else " (token ids go to ll.generate directly, left-padded with their mask)"
             if isinstance(prompt, (list, tuple)) or hasattr(prompt, "dtype") else "")
-    raise TypeError(f"{what} is {_what(prompt)}; a prompt must be a str{hint}")
+    raise PromptTypeError(f"{what} is {_what(prompt)}; a prompt must be a str{hint}")
 
 
 def cut_at_stop(ids: Iterable[int], stop_ids: Sequence[int]) -> list[int]:

@@ -17,11 +17,15 @@ beside them (model, strategy, prompts), so the analyses run later without the mo
 from __future__ import annotations
 
 import json
+import zipfile
+from os import PathLike
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 from jaxtyping import Bool, Float, Int
+
+from localleap_jax.errors import TraceError, first_line
 
 
 # The last clause name of every trace from the loop: a commit only the loop's contract made (a working row whose
@@ -91,6 +95,13 @@ _ARRAYS = ("pred", "conf", "committed", "clause", "token", "commit_pass", "passe
 def save_trace(path: str | Path, trace: Trace, texts: Sequence[str] | None = None,
                meta: dict[str, Any] | None = None) -> Path:
     """Write one compressed .npz: the arrays (S cut to the longest row), clause names, texts and meta."""
+    if isinstance(path, Trace) and not isinstance(trace, Trace):
+        raise TraceError("save_trace(path, trace, ...): the path comes first, then out.trace")
+    if not isinstance(path, (str, PathLike)):
+        raise TraceError(f"save_trace takes a file path (str or Path), got {type(path).__name__} {path!r:.40}")
+    if not isinstance(trace, Trace):
+        raise TraceError(f"save_trace takes a Trace (out.trace of ll.generate(..., trace=True)), got "
+                         f"{type(trace).__name__}" + (" (generate ran without trace=True)" if trace is None else ""))
     path = Path(path)
     S = max(int(np.max(trace.passes, initial=0)), 1)
     arrays = {name: np.asarray(getattr(trace, name)) for name in _ARRAYS}
@@ -102,19 +113,46 @@ def save_trace(path: str | Path, trace: Trace, texts: Sequence[str] | None = Non
             arrays[name] = arrays[name][:, :S]
     extra = {"clause_names": list(trace.clause_names), "remask_names": list(trace.remask_names), "texts": list(texts) if texts is not None else None,
              "meta": meta or {}, "edit_names": list(trace.edit_names)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:  # a file object: numpy would otherwise append .npz to other suffixes
-        np.savez_compressed(f, **arrays, extra=np.frombuffer(json.dumps(extra).encode(), np.uint8))
+    blob = json.dumps(extra).encode()  # a text or meta JSON cannot hold is named before any file is made
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:  # a file object: numpy would otherwise append .npz to other suffixes
+            np.savez_compressed(f, **arrays, extra=np.frombuffer(blob, np.uint8))
+    except OSError as e:
+        raise TraceError(f"cannot write the trace to {path}: {e.strerror or type(e).__name__}") from None
     return path
 
 
 def load_trace(path: str | Path) -> tuple[Trace, list[str] | None, dict[str, Any]]:
-    """(trace, texts, meta) from a file written by `save_trace`."""
-    with np.load(Path(path), allow_pickle=False) as z:
-        extra = json.loads(bytes(z["extra"]).decode())
-        trace = Trace(pred=z["pred"], conf=z["conf"], committed=z["committed"], clause=z["clause"],
-                      clause_names=tuple(extra["clause_names"]), token=z["token"], commit_pass=z["commit_pass"],
-                      passes=z["passes"], remask_names=tuple(extra.get("remask_names", ())),
-                      edit=z["edit"] if "edit" in z.files else None, edit_names=tuple(extra.get("edit_names", ())),
-                      indel=z["indel"] if "indel" in z.files else None)
-    return trace, extra["texts"], extra["meta"]
+    """(trace, texts, meta) from a file written by `save_trace`; one TraceError line for a file that is missing or is
+    not one."""
+    if not isinstance(path, (str, PathLike)):
+        raise TraceError(f"load_trace takes a file path (str or Path), got {type(path).__name__} {path!r:.40}")
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"no trace file at {path}" + (" (a directory)" if path.is_dir() else ""))
+    foreign = f"{path} is not a trace file written by save_trace"
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except OSError as e:
+        raise TraceError(f"cannot read {path}: {e.strerror or first_line(e)}") from None
+    except (ValueError, EOFError, zipfile.BadZipFile):  # numpy's own text suggests allow_pickle: not for a trace
+        raise TraceError(f"{foreign} (not a NumPy .npz archive)") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise TraceError(f"{foreign} (a single .npy array, not an .npz archive)")
+    try:
+        with archive as z:
+            missing = [n for n in (*_ARRAYS, "extra") if n not in z.files]
+            if missing:
+                raise TraceError(f"{foreign} (it lacks {', '.join(missing)})")
+            extra = json.loads(bytes(z["extra"]).decode())
+            trace = Trace(pred=z["pred"], conf=z["conf"], committed=z["committed"], clause=z["clause"],
+                          clause_names=tuple(extra["clause_names"]), token=z["token"], commit_pass=z["commit_pass"],
+                          passes=z["passes"], remask_names=tuple(extra.get("remask_names", ())),
+                          edit=z["edit"] if "edit" in z.files else None, edit_names=tuple(extra.get("edit_names", ())),
+                          indel=z["indel"] if "indel" in z.files else None)
+            return trace, extra["texts"], extra["meta"]
+    except TraceError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, zipfile.BadZipFile) as e:
+        raise TraceError(f"{foreign} (damaged: {type(e).__name__}: {first_line(e)})") from None

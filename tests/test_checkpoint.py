@@ -109,6 +109,16 @@ def test_load_takes_only_floating_parameter_dtypes(converted, dtype):
         ll.load(converted, dtype=dtype)
 
 
+@pytest.mark.parametrize("name", [123, 1.5, ["embedded"]])
+def test_a_checkpoint_named_by_something_else_than_text_is_one_line(name):
+    """Issue #47: ll.load(123) was a bare TypeError from pathlib."""
+    with pytest.raises(CheckpointError, match=r"^a checkpoint is named by a str or Path: a checkpoint directory, "
+                                              r"'embedded', .* or a hub id; got \w+ "):
+        ll.load(name)
+    with pytest.raises(CheckpointError, match=r"^mesh must be a jax Mesh \(ll.make_mesh\(data=..., model=...\)\), got str$"):
+        ll.load("embedded", mesh="data=2")
+
+
 @pytest.mark.parametrize("manifest, expected", [
     ("[]", "manifest.json must hold a JSON object"),
     ('"x"', "manifest.json must hold a JSON object"),

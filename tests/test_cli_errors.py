@@ -76,6 +76,18 @@ def _adapter_main():
     return main  # `python -m localleap_jax.lm_eval` runs sys.exit(main())
 
 
+def _likelihood_main():
+    from localleap_jax.commands import eval_likelihood
+
+    return eval_likelihood.main  # `python experiments/eval_likelihood.py` runs sys.exit(main())
+
+
+def _dynamics_main():
+    from localleap_jax.commands import analyze_dynamics
+
+    return analyze_dynamics.main  # `python experiments/analyze_dynamics.py` runs sys.exit(main())
+
+
 JAX_CACHE_FLAGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
                    "jax_persistent_cache_min_entry_size_bytes")
 
@@ -399,7 +411,10 @@ def test_ctrl_c_at_any_moment_leaves_no_partial_directory(tmp_path, big_source, 
 PROGRAMS = {  # alias -> (the real program's arguments to python, its entry: what that program calls)
     "eval": (["experiments/eval_gsm8k.py"], _eval_main),
     "adapter": (["-m", "localleap_jax.lm_eval"], _adapter_main),
+    "likelihood": (["experiments/eval_likelihood.py"], _likelihood_main),
+    "dynamics": (["experiments/analyze_dynamics.py"], _dynamics_main),
 }
+WITH_OUTPUT = ("eval", "likelihood", "dynamics")  # the programs a row gives `--output {out}` unless it names one
 ADAPTER = "adapter --model localleap --model_args checkpoint=embedded"
 
 ROWS = [
@@ -433,7 +448,7 @@ ROWS = [
     ("output-under-a-file", "eval --output {tmp}/afile/sub", r"^--output \S*/afile/sub: \S*/afile is a file"),
     ("output-read-only", "eval --output /sys/localleap-eval-out", r"^--output /sys/localleap-eval-out: cannot write there"),
     ("output-held-by-another-run", "eval --output {tmp}/held",
-     r"^--output \S*/held is in use by another eval \(pid \d+ on .+\); wait for it"),
+     r"^--output \S*/held is in use by another run \(pid \d+ on .+\); wait for it"),
     # data files (item 9: checked before the output directory exists)
     ("data-missing", "eval --data {tmp}/missing.jsonl", r"^--data \S*/missing.jsonl: no such file$"),
     ("data-is-a-directory", "eval --data {tmp}", r"^--data \S+: is a directory, not a file$"),
@@ -485,6 +500,27 @@ ROWS = [
     ("adapter-hub-task-offline", f"{ADAPTER},gen_length=64,block_length=16 --tasks gsm8k --limit 2",
      r"^lm-eval could not download the data of --tasks gsm8k \(ConnectionError: .*\): offline or the hub is "
      r"unreachable\. GSM8K from local files works offline: python -m localleap_jax\.lm_eval\.local_task OUT"),
+    # issue #47: batching that would leave slots idle, a misspelled rule, the dtypes XLA's CPU backend cannot run,
+    # and an output another run holds, in every command that writes one (eval_gsm8k's row is above)
+    ("queue-below-slots", "eval --slots 8 --queue 3",
+     r"^argument --queue: --queue 3 is below --slots 8: every compiled call would hold 8 rows for 3 prompts, 5 of "
+     r"them idle; give --queue >= 8"),
+    ("slots-and-batch-size-disagree", "eval --slots 8 --batch-size 4",
+     r"^argument --slots: --slots 8 and --batch-size 4 both say how many rows the loop holds; give one of them$"),
+    ("strategy-misspelled", "eval --strategies localleapp",
+     r"^--strategies localleapp: unknown strategy 'localleapp'; did you mean 'localleap' or 'localleap_uniform'\?; a "
+     r"rule of your own: --rules path/to/myrules.py$"),
+    ("adapter-queue-below-slots", f"{ADAPTER},slots=8,queue=3 --tasks gsm8k",
+     r"^model_args queue 3 is below model_args slots 8: every compiled call would hold 8 rows for 3 prompts"),
+    ("adapter-dtype-float16", f"{ADAPTER},dtype=float16 --tasks gsm8k",
+     r"^model_args dtype: expected auto, bfloat16 or float32, got 'float16'$"),
+    ("likelihood-dtype-float16", "likelihood --dtype float16", r"^argument --dtype: invalid choice: 'float16'"),
+    ("likelihood-dtype-float64", "likelihood --dtype float64", r"^argument --dtype: invalid choice: 'float64'"),
+    ("dynamics-dtype-float16", "dynamics --dtype float16", r"^argument --dtype: invalid choice: 'float16'"),
+    ("likelihood-output-held-by-another-run", "likelihood --output {tmp}/held",
+     r"^--output \S*/held is in use by another run \(pid \d+ on .+\); wait for it"),
+    ("dynamics-output-held-by-another-run", "dynamics --checkpoint embedded --output {tmp}/held",
+     r"^--output \S*/held is in use by another run \(pid \d+ on .+\); wait for it"),
     # a likelihood setting the authors' estimator cannot draw: refused before lm-eval indexes a task
     ("adapter-mc-num-not-whole-mini-batches", f"{ADAPTER},mc_num=100,stats_path={{out}}/stats.jsonl --tasks mc_local "
                                               "--include_path {tmp}/tasks",
@@ -541,7 +577,7 @@ def command(row_command: str, tmp, out) -> tuple[str, list[str]]:
     """(program alias, its arguments)."""
     words = shlex.split(row_command.format(tmp=tmp, out=out))
     argv = words[1:]
-    if words[0] == "eval" and "--output" not in words:
+    if words[0] in WITH_OUTPUT and "--output" not in words:
         argv += ["--output", str(out)]
     return words[0], argv
 
@@ -569,6 +605,35 @@ def test_bad_input_ends_in_one_line_and_leaves_nothing(inputs, tmp_path, capfd, 
     assert not out.exists(), sorted(p.name for p in out.rglob("*"))
     assert snapshot(inputs) == before
     assert not os.path.exists("/sys/localleap-eval-out")
+
+
+@pytest.mark.parametrize("program, argv, error", [
+    ("adapter", ["--model", "localleap", "--model_args", "checkpoint=embedded", "--tasks", "nosuchtask", "--limit", "1"],
+     r"^lm-eval knows no task nosuchtask: `python -m localleap_jax.lm_eval ls tasks` lists them, and --include_path "
+     r"DIR adds tasks of your own \(YAML files\)$"),
+    ("likelihood", ["--tasks", "gsm8k_minii,nosuchtask"],
+     r"^--tasks: lm-eval knows no task gsm8k_minii \(did you mean gsm8k_mini\?\); nosuchtask; `python -m "
+     r"localleap_jax.lm_eval ls tasks` lists them, and --tasks local runs offline$"),
+])
+def test_an_unknown_task_is_one_line_and_leaves_nothing(inputs, tmp_path, capfd, compile_cache_dir, monkeypatch, program,
+                                                        argv, error):
+    """Issue #47: `--tasks nosuchtask` ended the lm-eval command line in a 26-line traceback, and eval_likelihood left
+    its response cache behind. lm-eval's own lookup runs, on an index of {tmp}/tasks alone (its index of every task it
+    ships takes tens of seconds)."""
+    from lm_eval.tasks import TaskManager
+
+    index = TaskManager.__init__
+    monkeypatch.setattr(TaskManager, "__init__", lambda self, *a, **k: index(
+        self, include_path=str(inputs / "tasks"), include_defaults=False))
+    out = tmp_path / "out"
+    before = snapshot(inputs)
+    r = in_process(PROGRAMS[program][1](), [*argv, *(["--output", out] if program in WITH_OUTPUT else [])], capfd,
+                   compile_cache_dir)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert lines[-1].startswith("error: ") and re.search(error, lines[-1][len("error: "):]), lines[-1]
+    assert [line for line in lines if line.startswith("error:")] == lines[-1:]
+    assert not out.exists() and snapshot(inputs) == before
 
 
 # ---------------------------------------------------------------- an output that cannot be written (issue #40)

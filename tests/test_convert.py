@@ -207,3 +207,56 @@ def test_dream_source_without_any_tokenizer_is_refused(tmp_path, dream_hf_checkp
     with pytest.raises(ConversionError, match=r"has no tokenizer.json \(or Dream's vocab.json \+ merges.txt\)"):
         convert_dream(str(d), str(tmp_path / "out"), progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def save_slow_qwen_tokenizer(tok, path, mask_spelling: str | None = None) -> None:
+    """A Qwen2 tokenizer as the slow files alone (vocab.json + merges.txt, tokenizer_config.json with the added tokens,
+    roles and chat template, added_tokens.json, special_tokens_map.json), as a copy of SDAR's or Fast-dLLM v2's
+    release without its LFS-tracked tokenizer.json holds it; `mask_spelling`: how added_tokens.json and
+    special_tokens_map.json spell the mask (SDAR's say <MASK> where tokenizer_config.json says <|MASK|>)."""
+    tok.backend_tokenizer.model.save(str(path))
+    added = {t.content: i for i, t in sorted(tok.added_tokens_decoder.items())}
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "added_tokens_decoder": {str(i): {"content": t, "special": True} for t, i in added.items()},
+        "chat_template": tok.chat_template, "eos_token": tok.eos_token, "pad_token": tok.pad_token,
+        "mask_token": tok.mask_token, "tokenizer_class": "Qwen2Tokenizer", "model_max_length": 32768}))
+    respell = {tok.mask_token: mask_spelling or tok.mask_token}
+    (path / "added_tokens.json").write_text(json.dumps({respell.get(t, t): i for t, i in added.items()}))
+    (path / "special_tokens_map.json").write_text(json.dumps(
+        {"eos_token": tok.eos_token, "pad_token": tok.pad_token, "mask_token": respell[tok.mask_token]}))
+
+
+@pytest.mark.parametrize("family", ["sdar", "fast_dllm_v2"])
+def test_a_source_with_only_the_slow_tokenizer_files_converts(tmp_path, family):
+    """SDAR's and Fast-dLLM v2's releases keep tokenizer.json in git LFS, so a copy may hold only the slow Qwen2 files;
+    SDAR's spell the mask <MASK> in added_tokens.json and special_tokens_map.json and <|MASK|> in
+    tokenizer_config.json (the same id). Such a source converts (issue #47: before, SDAR found no mask and Fast-dLLM
+    v2 had no tokenizer): the mask id read from the tokenizer files, the fast tokenizer built from the slow ones, and
+    the loaded tokenizer encodes as the source's. The SDAR source also ties its head and holds lm_head.weight, a copy
+    of the embedding (an export that did not de-duplicate it): accepted, as an equal copy."""
+    from helpers import (TOKENIZER_CORPUS, random_dream_tensors, random_sdar_tensors, tiny_dream_config,
+                         tiny_sdar_config)
+    from localleap_jax.families import make_tokenizer
+
+    tok = make_tokenizer(family, TOKENIZER_CORPUS, vocab_size=300)
+    if family == "sdar":
+        cfg = tiny_sdar_config(len(tok), tok.eos_token_id, tie_word_embeddings=True, num_hidden_layers=1)
+        tensors = random_sdar_tensors(cfg)
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    else:
+        cfg = tiny_dream_config(len(tok), tok.mask_token_id, tok.convert_tokens_to_ids("<|im_end|>"),
+                                model_type="Fast_dLLM_Qwen", architectures=["Fast_dLLM_QwenForCausalLM"], bd_size=8,
+                                num_hidden_layers=1)
+        cfg.pop("mask_token_id"), cfg.pop("auto_map")
+        tensors = random_dream_tensors(cfg)
+    src = write_hf_checkpoint(tmp_path / "src", cfg, tensors, tokenizer=None, n_shards=1)
+    save_slow_qwen_tokenizer(tok, src, "<MASK>" if family == "sdar" else None)
+    assert not (src / "tokenizer.json").exists()
+    convert(str(src), str(tmp_path / "out"), progress=False)
+    model = ll.load(tmp_path / "out", dtype="float32")
+    assert model.config.family == family and model.config.mask_token_id == tok.mask_token_id
+    assert model.tokenizer.mask_id == tok.mask_token_id and model.tokenizer.eos_id == cfg["eos_token_id"]
+    text = "Tom has 9 pens. <|im_end|> 12 + 3"
+    assert model.tokenizer.hf(text)["input_ids"] == tok(text)["input_ids"]
+    assert model.tokenizer.chat("hi") == tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                                                  add_generation_prompt=True)

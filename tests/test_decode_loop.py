@@ -227,6 +227,40 @@ def test_inputs_that_are_not_left_padded_ids_are_named(ids, mask, message):
         ll.generate(scripted(_words(1), np.full((1, G), 0.6)), ids, mask, cfg)
 
 
+@pytest.mark.parametrize("change, message", [
+    (dict(cfg=None), r"^cfg is None: pass ll.DecodeConfig\(strategy=..., gen_length=..., block_length=...\), or leave "
+                     "it out for the defaults$"),
+    (dict(cfg="threshold"), r"^cfg is str 'threshold', not a DecodeConfig: pass ll.DecodeConfig\(strategy='threshold'\)$"),
+    (dict(rng=0), r"^rng is int 0, not a JAX random key: pass rng=jax.random.key\(seed\)"),
+    (dict(rng=np.zeros(3, np.uint32)), r"^rng is ndarray uint32\[3\], not a JAX random key"),
+    (dict(ids=np.array([[WORD, MASK, WORD], [WORD, WORD, WORD]])),
+     rf"^prompt rows \[0\] hold the mask id {MASK}, which the model reads as a position to generate"),
+    (dict(trace="yes"), r"^trace='yes' must be True or False$"),
+    (dict(devices=3), r"^devices must be a non-empty list of local JAX devices"),
+])
+def test_a_config_key_or_prompt_generate_cannot_take_is_one_line_before_compiling(change, message):
+    """Issue #47: cfg=None and rng=0 ended in AttributeError inside generate; a prompt holding the mask id decoded
+    it as a position to fill (the answer then follows a corrupted prompt). A legacy key (jax.random.PRNGKey) and a
+    mask id in the left padding are fine."""
+    cfg = ll.DecodeConfig(strategy="threshold", gen_length=G, block_length=T, temperature=0.5)
+    model = scripted(_words(2), np.full((2, G), 0.6))
+    ids, mask = prompts(2)
+    args = {**dict(ids=ids, mask=mask, cfg=cfg, rng=jax.random.key(0)), **change}
+    keywords = {k: args[k] for k in ("trace", "devices") if k in args}
+    n = len(compiled_programs())
+    with pytest.raises(ll.DecodeError, match=message) as e:
+        ll.generate(model, args["ids"], args["mask"], args["cfg"], args["rng"], **keywords)
+    assert "\n" not in str(e.value) and len(compiled_programs()) == n  # refused before anything compiled
+
+
+def test_a_legacy_key_and_a_mask_id_in_the_padding_are_taken():
+    cfg = ll.DecodeConfig(strategy="threshold", gen_length=G, block_length=T, temperature=0.5)
+    ids, mask = prompts(2)
+    ids[0, 0], mask[0, 0] = MASK, False  # padding may hold any id: it is never read
+    out = ll.generate(scripted(_words(2), np.full((2, G), 0.6)), ids, mask, cfg, jax.random.PRNGKey(0))
+    assert not (out.tokens[:, out.prompt_length:] == MASK).any()
+
+
 def test_per_row_settings_equal_each_row_run_alone():
     words = _words(4, seed=3)
     conf = np.random.RandomState(4).uniform(0.55, 0.99, (4, G))

@@ -14,6 +14,7 @@ every layer a MoE layer, global layers with their own head size and one K/V head
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -309,6 +310,23 @@ def test_image_tokens_are_refused_in_one_line(pair):
     with pytest.raises(DecodeError) as e:
         dg.encode(params, ids, mask, config)
     assert "image" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(DecodeError, match="image tokens"):  # in the prompt of decoder_logits too
+        dg.decoder_logits(params, ids, mask, np.zeros((1, C), np.int64), config)
+
+
+def test_a_canvas_holding_image_ids_is_noise_decoded_as_transformers_decodes_it(pair):
+    """transformers' initial canvas draws uniformly over the whole vocabulary, image ids included: a canvas is noise,
+    not a prompt, so decoder_logits takes one holding them (issue #47: refused before) and scores it as transformers
+    does. Ids outside the vocabulary are refused in one line."""
+    hf, config, params = pair
+    ids, mask = batch(1, [11, 7], 11)  # the shapes of the decoder test above: its compiled program
+    canvas = np.random.default_rng(2).integers(0, VOCAB, (2, C))
+    canvas[0, 3] = canvas[1, 0] = IMAGE_ID
+    ours = dg.decoder_logits(params, ids, mask, canvas, config)
+    np.testing.assert_allclose(np.asarray(ours), hf_decoder_logits(hf, ids, mask, canvas), atol=FP32_TOL, rtol=0)
+    canvas[1, 1] = VOCAB
+    with pytest.raises(DecodeError, match=rf"^the canvas holds ids outside \[0, {VOCAB}\)"):
+        dg.decoder_logits(params, ids, mask, canvas, config)
 
 
 # ---------------------------------------------------------------- the sampler's deterministic pieces
@@ -755,6 +773,47 @@ def test_convert_and_load_round_trip(tmp_path):
     encoder_scalars = [float(m.params["canvas_layers"][i]["encoder_layer_scalar"][0]) for i in (0, 2, 3)]  # the sliding ones
     ref = [float(hf.model.encoder.language_model.layers[i].layer_scalar) for i in (0, 2, 3)]
     np.testing.assert_allclose(encoder_scalars, ref, rtol=1e-6)
+
+
+def test_tied_copies_convert_when_equal_and_are_refused_in_one_line_when_not(tmp_path, pair):
+    """An export without de-duplication also writes the tied tensors: lm_head.weight (the embedding) and the encoder's
+    weights under model.encoder.language_model.* (transformers' _tied_weights_keys). Copies equal to their source
+    convert to the same parameters as without them (issue #47: refused before as unexpected tensors); a copy that
+    differs is refused in one line naming it and its source, with nothing left behind."""
+    import localleap_jax as ll
+    from localleap_jax.convert_hf import ConversionError, convert
+    from localleap_jax.families import make_tokenizer
+    from safetensors.numpy import load_file, save_file
+
+    hf, config, _ = pair
+    src = tmp_path / "hf"
+    hf.save_pretrained(src)
+    make_tokenizer("diffusion_gemma", TOKENIZER_CORPUS, vocab_size=VOCAB).save_pretrained(src)
+    stored = load_file(src / "model.safetensors")
+    state = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+    copies = {k: state[k] for k in state if k == "lm_head.weight" or k.startswith("model.encoder.language_model.")}
+    assert "lm_head.weight" not in stored and not set(copies) - {"lm_head.weight"} & {
+        k for k in stored if not k.endswith("layer_scalar")}  # save_pretrained de-duplicated them
+    assert len(copies) > 50 and "model.encoder.language_model.layers.3.experts.gate_up_proj" in copies
+    save_file({**stored, **copies}, src / "model.safetensors")
+    convert(str(src), str(tmp_path / "out"), progress=False)
+    m = ll.load(tmp_path / "out", dtype="float32")
+    # The converted config is the reference's but for the (unused) mask id the tokenizer names; the reference's config
+    # and the decoder test's shapes reuse its compiled program.
+    assert m.config == dataclasses.replace(config, mask_token_id=m.config.mask_token_id)
+    ids, mask = batch(1, [11, 7], 11)
+    canvas = np.random.default_rng(2).integers(0, VOCAB, (2, C))
+    np.testing.assert_allclose(np.asarray(dg.decoder_logits(m.params, ids, mask, canvas, config)),
+                               hf_decoder_logits(hf, ids, mask, canvas), atol=FP32_TOL, rtol=0)
+
+    name = "model.encoder.language_model.layers.1.self_attn.k_proj.weight"
+    changed = {**copies, name: copies[name] + np.float32(1e-3)}
+    save_file({**stored, **changed}, src / "model.safetensors")
+    with pytest.raises(ConversionError) as e:
+        convert(str(src), str(tmp_path / "bad"), progress=False)
+    assert str(e.value).startswith(f"{name} differs from model.decoder.layers.1.self_attn.k_proj.weight, the tensor "
+                                   "it is tied to") and "\n" not in str(e.value)
+    assert not (tmp_path / "bad").exists() and not list(tmp_path.glob(".bad*"))
 
 
 def test_parameter_tree_splits_experts_and_vocabulary_only():

@@ -223,6 +223,32 @@ def test_summary_holds_the_headline_numbers(stable_trace):
 # ---------------------------------------------------------------- the trace file
 
 
+def test_a_trace_file_that_cannot_be_written_or_read_is_one_line(tmp_path, stable_trace):
+    """Issue #47: save_trace to an unwritable path and load_trace of a missing or foreign file ended in OSError,
+    KeyError or numpy's advice to unpickle; each is one ll.LocalLeapError line naming the file."""
+    import localleap_jax as ll
+
+    (tmp_path / "file").write_text("")
+    cases = [
+        (lambda: ll.save_trace(tmp_path / "file" / "t.npz", stable_trace),
+         rf"^cannot write the trace to {tmp_path}/file/t.npz: "),
+        (lambda: ll.save_trace(tmp_path / "t.npz", None), r"^save_trace takes a Trace .* got NoneType \(generate ran "
+                                                          r"without trace=True\)$"),
+        (lambda: ll.save_trace(stable_trace, tmp_path / "t.npz"), r"^save_trace\(path, trace, ...\): the path comes "
+                                                                  r"first"),
+        (lambda: ll.load_trace(tmp_path / "missing.npz"), rf"^no trace file at {tmp_path}/missing.npz$"),
+        (lambda: ll.load_trace(tmp_path / "file"), rf"^{tmp_path}/file is not a trace file written by save_trace "
+                                                   r"\(not a NumPy .npz archive\)$"),
+        (lambda: np.savez(tmp_path / "other.npz", x=np.zeros(2)) or ll.load_trace(tmp_path / "other.npz"),
+         rf"^{tmp_path}/other.npz is not a trace file written by save_trace \(it lacks pred, conf"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ll.LocalLeapError, match=message) as e:
+            call()
+        assert "\n" not in str(e.value)
+    assert not (tmp_path / "t.npz").exists()
+
+
 def test_save_load_round_trip(tmp_path, stable_trace):
     path = save_trace(tmp_path / "t.trace", stable_trace, texts=["a", "b"], meta={"strategy": "low_confidence"})
     assert path == tmp_path / "t.trace" and path.is_file()  # no .npz appended to another suffix
@@ -359,7 +385,7 @@ def test_the_observed_share_counts_the_masked_predictions_a_pass_computed(stable
     (lambda t: ["--strategy", "greedy"], "--strategy greedy"),
     (lambda t: ["--gen-length", "60"], "gen_length=60 is not a multiple of block_length=16"),
     (lambda t: ["--data", str(t / "missing.jsonl")], "no such file"),
-    (lambda t: ["--limit", "0"], "--limit 0: must be a positive"),
+    (lambda t: ["--limit", "0"], "argument --limit: expected a positive integer, got 0"),  # at parse time
     (lambda t: ["--checkpoint", str(t / "nope")], "no checkpoint at"),
     (lambda t: ["--limit", "2", "--row", "2"], "--row 2: there are 2 problems"),
 ])
@@ -374,7 +400,11 @@ def test_script_mistakes_end_with_one_clear_line(tmp_path, capsys, make_args, me
     save_trace(tmp_path / "mixed" / "other.npz", make_trace([ROW_B], S=1), None,
                {"checkpoint": "ck", "decode": {"strategy": "threshold"}})
     capsys.readouterr()
-    assert analyze_dynamics.main([*make_args(tmp_path), "--output", str(tmp_path / "out")]) == 2
+    try:
+        code = analyze_dynamics.main([*make_args(tmp_path), "--output", str(tmp_path / "out")])
+    except SystemExit as e:  # a flag refused while parsing: what the interpreter would exit with
+        code = e.code
+    assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
 
@@ -441,3 +471,12 @@ def test_script_traces_a_users_rule_by_name_and_traces_again_after_an_edit(tmp_p
         assert again[2]["rule_code"] != first[2]["rule_code"]
         assert json.loads((out / "dynamics.json").read_text())["settings"]["rule_code"] == again[2]["rule_code"]
         assert not np.array_equal(again[0].passes, first[0].passes)  # traced again with the edited rule
+
+
+def test_the_plots_module_run_as_a_program_says_which_command_draws_the_figures(capsys):
+    """Issue #47: `python -m localleap_jax.commands.plots` printed nothing."""
+    from localleap_jax.commands import plots
+
+    assert plots.main() == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python experiments/analyze_dynamics.py --output DIR") and "--from-traces" in err

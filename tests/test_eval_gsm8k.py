@@ -105,6 +105,24 @@ def test_mistakes_end_with_one_clear_line(tmp_path, capfd, make_args, message):
     assert re.search(message, lines[0]), lines[0]
 
 
+def test_a_question_holding_the_mask_token_is_refused_in_one_line(tmp_path, capfd):
+    """Issue #47: a --data question holding the mask token's text was generated and scored (the model reads the mask
+    id as a position to fill). Refused in one line naming the request, before any generation, nothing written."""
+    data = tmp_path / "masked.jsonl"
+    rows = [{"question": "Tom has 3 pens and buys 2 more. How many pens has he?", "answer": "3 + 2 = 5\n#### 5"},
+            {"question": "Sam has 4 cards. <|mdm_mask|> How many cards has he?", "answer": "#### 4"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    capfd.readouterr()
+    code = eval_gsm8k.main(["--checkpoint", "embedded", "--data", str(data), "--strategies", "threshold",
+                            "--output", str(tmp_path / "out"), "--no-compile-cache"])
+    err = capfd.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        "error: request 1's context holds the mask token '<|mdm_mask|>' (id 2), which the model reads as a position to "
+        "generate: remove it from the text (or spell it differently)")
+    assert not (tmp_path / "out").exists()
+
+
 # ---------------------------------------------------------------- issue #8: state that must never lie or break
 
 SMALL = ["--limit", "4", "--batch-size", "4", "--strategies", "threshold", "--no-compile-cache"]
@@ -209,8 +227,32 @@ def test_two_checkpoints_of_one_name_get_default_outputs_of_their_own(tmp_path, 
     shutil.copytree(EMBEDDED, copy)
     _other_model(b)
     named = _default_outputs(eval_gsm8k.main, tmp_path, [a, b, copy], capfd, monkeypatch, "runs/eval_gsm8k")
-    assert named[0] != named[1] and all(re.fullmatch(r".*/model-[0-9a-f]{8}", n) for n in named), named
+    assert named[0] != named[1] and all(re.fullmatch(r".*/model-[0-9a-f]{8}-[0-9a-f]{8}", n) for n in named), named
     assert named[2] == named[0]  # the same weights elsewhere: the same directory, so a rerun resumes
+
+
+def test_runs_that_give_other_results_get_default_outputs_of_their_own(tmp_path, capfd, monkeypatch):
+    """Issue #47: runs with other --strategies or --data shared one default --output, the second replacing the
+    first's summary. What only changes speed (the batch) keeps the directory, so such a rerun resumes there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("")  # each run stops in one line naming the directory it would use
+    (tmp_path / "q.jsonl").write_text(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")
+
+    def default_output(*flags):
+        capfd.readouterr()
+        assert eval_gsm8k.main(["--checkpoint", "embedded", *flags]) == 2
+        line = capfd.readouterr().err.strip()
+        m = re.fullmatch(rf"error: --output ({re.escape(str(tmp_path))}/runs/eval_gsm8k/\S+): \S+ is a file, not a "
+                         r"directory", line)
+        assert m, line
+        return m.group(1)
+
+    threshold = default_output("--strategies", "threshold")
+    assert default_output("--strategies", "threshold", "--batch-size", "8") == threshold
+    others = [default_output("--strategies", "threshold,localleap"), default_output("--strategies", "localleap"),
+              default_output("--strategies", "threshold", "--data", str(tmp_path / "q.jsonl")),
+              default_output("--strategies", "threshold", "--limit", "3")]
+    assert len({threshold, *others}) == 5, others
 
 
 def test_a_torn_stats_record_is_dropped_and_its_answer_generated_again(small_run, tmp_path, capsys):
@@ -236,7 +278,7 @@ def test_a_lock_left_by_a_dead_run_is_taken_over_and_a_live_one_refuses(tmp_path
     note = first.claim()
     assert note.endswith("left by a run that ended without releasing it (pid 999999 on elsewhere since yesterday)")
     assert json.loads((out / ".lock").read_text())["pid"] == os.getpid()
-    with pytest.raises(UserError, match=rf"--output {out} is in use by another eval \(pid {os.getpid()} "):
+    with pytest.raises(UserError, match=rf"--output {out} is in use by another run \(pid {os.getpid()} "):
         OutputDir(out).claim()
     first.release()
     assert not (out / ".lock").exists()
@@ -539,3 +581,98 @@ def test_the_embedded_chain_model_scores_one_token_per_pass_above_a_low_threshol
     # on its 500). Asserted: 50 of 64 (three below), a gap of three problems (four measured).
     assert one["accuracy_strict"] >= 0.78 and one["mean_nfe"] == 80
     assert low["accuracy_strict"] <= one["accuracy_strict"] - 3 / 64 and low["mean_nfe"] < 0.1 * one["mean_nfe"]
+
+
+def test_a_damaged_response_cache_is_named_in_one_line_and_the_advised_rerun_works(small_run, tmp_path, capfd):
+    """Issue #47: a truncated .db ended in sqlitedict's "Exception in thread" traceback, then advice to rerun that
+    failed the same way, naming no file."""
+    ck, base = small_run
+    out = _copy_of(base, tmp_path)
+    (db,) = (out / "cache").glob("*.db")
+    db.write_bytes(db.read_bytes()[:5000])
+    args = ["--checkpoint", str(ck), *SMALL, "--output", str(out)]
+    capfd.readouterr()
+    assert eval_gsm8k.main(args) == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception in thread" not in err, err[-3000:]
+    (line,) = err.strip().splitlines()
+    assert line == (f"error: the response cache {db} is damaged (sqlite3.DatabaseError: database disk image is "
+                    "malformed); delete it and rerun (the answers it held are generated again)"), line
+    db.unlink()  # as the line says
+    assert eval_gsm8k.main(args) == 0
+    assert _batches_generated(capfd.readouterr().out) == 1 and len(_rows(out)) == 4
+
+
+def test_answers_reused_from_a_run_with_other_batch_settings_are_marked_in_the_table(small_run, tmp_path, capsys):
+    """Issue #47: a resumed run's table put an earlier run's rows (timed with other batch settings) beside this run's
+    with nothing to tell them apart; greedy answers do not depend on the batch, so they are reused, and marked."""
+    ck, base = small_run
+    out = _copy_of(base, tmp_path)  # threshold's 4 answers, generated in a batch of 4
+    capsys.readouterr()
+    assert eval_gsm8k.main(["--checkpoint", str(ck), "--limit", "4", "--batch-size", "2", "--strategies",
+                            "low_confidence,threshold", "--no-compile-cache", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"^threshold: .*\(0 batches generated", printed, re.M)  # the case: reused
+    assert re.search(r"^threshold \*\s", printed, re.M) and not re.search(r"^low_confidence \*", printed, re.M)
+    assert re.search(r"^\* threshold: 4 of 4 answers come from an earlier run's cache, generated with other batch "
+                     r"settings \(batch_size 4, slots 4, queue 16, devices 1\): their speed \(speedup, tok/s, "
+                     r"s/sample, passes, occupied\) is that run's", printed, re.M), printed
+    summary = json.loads((out / "summary.json").read_text())["strategies"]
+    assert summary["threshold"]["timed_elsewhere"] == 4 and summary["low_confidence"]["timed_elsewhere"] == 0
+
+
+def test_fixed_batches_of_slots_are_filled_to_the_slots_not_the_batch_size(small_run, tmp_path):
+    """Issue #47: --slots 8 --queue 8 padded every call to --batch-size (32 by default): occupancy 0.23, 6.6x slower.
+    Here --slots 4 --queue 4: each call holds 4 rows (the compiled program of the fixture's batch of 4)."""
+    ck, _ = small_run
+    out = tmp_path / "out"
+    assert eval_gsm8k.main(["--checkpoint", str(ck), "--limit", "6", "--slots", "4", "--queue", "4", "--strategies",
+                            "threshold", "--no-compile-cache", "--output", str(out)]) == 0
+    rows = _rows(out)
+    assert len(rows) == 6 and {r["slots"] for r in rows} == {4}  # 32 before: the rows held, filler included
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["batch_size"] == 4 and summary["strategies"]["threshold"]["occupancy"] > 0.5
+
+
+STUCK_RULE = """
+import flax
+import localleap_jax as ll
+from localleap_jax.rules import Decision, RuleBase
+
+
+@ll.register("stuck")
+@flax.struct.dataclass
+class Stuck(RuleBase):
+    \"\"\"Commits every candidate and takes everything back: no pass makes progress, every row meets the bound.\"\"\"
+    remask_names = ("undo",)
+
+    def update(self, s, state):
+        return Decision(s.candidates, s.decoded | s.candidates), state
+"""
+
+
+def test_answers_stopped_by_the_pass_bound_are_in_the_table_and_in_the_dynamics(tmp_path, capsys):
+    """Issue #47: rows that hit the pass bound (`hit_bound`) were in summary.json only: eval_gsm8k's table and
+    analyze_dynamics said nothing of them."""
+    from helpers import rules_put_back
+
+    from localleap_jax.commands import analyze_dynamics
+
+    rules = tmp_path / "stuck.py"
+    rules.write_text(STUCK_RULE)
+    with rules_put_back():
+        assert eval_gsm8k.main(["--checkpoint", "embedded", "--rules", str(rules), "--strategies", "stuck",
+                                "--limit", "2", "--batch-size", "2", "--no-compile-cache", "--output",
+                                str(tmp_path / "eval")]) == 0
+        printed = capsys.readouterr().out
+        header = next(line for line in printed.splitlines() if line.startswith("strategy "))
+        assert header.split()[-2:] == ["n", "bound"], header
+        assert re.search(r"^stuck\s.*\s2\s+2$", printed, re.M), printed  # n 2, bound 2
+        assert "bound: answers stopped by the pass bound (max_passes) with masks left" in printed
+        assert analyze_dynamics.main(["--checkpoint", "embedded", "--rules", str(rules), "--strategy", "stuck",
+                                      "--limit", "2", "--batch-size", "2", "--no-compile-cache", "--output",
+                                      str(tmp_path / "dyn")]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"^rows stopped by the pass bound, masks left\s+2\s+-\s+\(of 2; rows 0, 1: ", printed, re.M), printed
+    result = json.loads((tmp_path / "dyn" / "dynamics.json").read_text())
+    assert result["hit_bound"] == 2 and result["hit_bound_rows"] == [0, 1]

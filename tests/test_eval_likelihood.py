@@ -1,26 +1,17 @@
-"""experiments/eval_likelihood.py through its command line: the offline choice task end to end (summary, table,
-a rerun from the cache), and mistakes in one line before anything is loaded."""
+"""experiments/eval_likelihood.py through its command line: mistakes in one line before anything is loaded, and the
+default output of each checkpoint. (The offline choice task end to end, interrupted and resumed:
+tests/test_interrupts.py.)"""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
 from localleap_jax.commands import eval_likelihood
 
 
-def test_the_local_choice_task_runs_writes_its_summary_and_resumes(tmp_path, capsys):
-    argv = ["--n-local", "4", "--mc-num", "8", "--output", str(tmp_path), "--no-progress"]
-    assert eval_likelihood.main(argv) == 0
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    task = summary["tasks"]["synthetic_math_choice"]
-    assert task["n"] == 4 and task["mc_num"] == 8 and task["mc_batch_size"] == 8 and 0 <= task["acc"] <= 1
-    assert task["requests_scored"] == 16  # 4 items x 4 choices
-    assert "synthetic_math_choice" in capsys.readouterr().out
-    assert eval_likelihood.main(argv) == 0  # a rerun: every request from lm-eval's cache
-    again = json.loads((tmp_path / "summary.json").read_text())["tasks"]["synthetic_math_choice"]
-    assert again["requests_scored"] == 0 and again["acc"] == task["acc"]
+# The local choice task end to end (summary, table, a rerun from the cache, an interrupted run's resume):
+# tests/test_interrupts.py::test_ctrl_c_keeps_every_scored_likelihood_request_and_the_rerun_scores_only_the_rest.
 
 
 @pytest.mark.parametrize("argv, message", [

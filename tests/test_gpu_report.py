@@ -40,3 +40,24 @@ def test_the_gpu_report_measures_every_section_and_writes_finite_ratios(tmp_path
     assert decoder["param_bytes"] == pytest.approx(report["params"] * 4, rel=1e-3)  # fp32 on the CPU
     assert all(r["program_bytes"] >= decoder["param_bytes"] for r in decoder["rows"])  # each program holds them
     assert decoder["peak_source"] == "host peak RSS" and decoder["peak_bytes"] > decoder["param_bytes"]
+
+
+def test_the_report_s_default_file_is_under_runs_not_the_current_directory(tmp_path, monkeypatch):
+    """Issue #47: `gpu_report.py --json` wrote gpu_report.json into the current directory (the repository) by
+    default. The default is runs/gpu_report/<shape>.json, checked before anything is measured."""
+    import importlib.util
+
+    from localleap_jax.errors import UserError
+
+    import os
+
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # bench_threads adds to it: put back after
+    spec = importlib.util.spec_from_file_location("gpu_report_under_test", REPO / "experiments" / "gpu_report.py")
+    gpu_report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_report)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("")  # so the run stops, naming the file it would write, before measuring
+    with pytest.raises(UserError, match=rf"^--json {tmp_path}/runs/gpu_report/small.json: {tmp_path}/runs is a file"):
+        gpu_report.main(["--shape", "small"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]

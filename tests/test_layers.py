@@ -211,3 +211,17 @@ def test_the_library_imports_without_torch():
     out = subprocess.run([sys.executable, "-c", TORCH_FREE], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     assert int(out.stdout.strip()) > 40  # every module was imported, not an empty walk
+
+
+def test_the_package_namespace_shows_its_public_names_only():
+    """Issue #47: dir(ll) listed `annotations`, `importlib` and `TYPE_CHECKING` (and every submodule imported so
+    far). It shows __all__: the public names and the two documented submodules; each submodule stays reachable."""
+    import localleap_jax as ll
+
+    ll.generate, ll.rules.RuleBase, ll.tokenizer  # noqa: B018 - load some, as a session would
+    assert dir(ll) == sorted(ll.__all__)
+    assert {"generate", "load", "DecodeConfig", "rule", "LocalLeapError", "rules", "checkpoint"} <= set(dir(ll))
+    assert not {"annotations", "importlib", "TYPE_CHECKING", "api", "tokenizer"} & set(dir(ll))
+    assert all(hasattr(ll, name) for name in ll.__all__)
+    with pytest.raises(AttributeError):
+        ll.annotations  # noqa: B018

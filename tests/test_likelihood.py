@@ -171,8 +171,6 @@ def test_greedy_match_is_llada_suffix_greedy(llada):
     ([[5], [6]], [[7]], ll.LikelihoodConfig(), r"2 contexts but 1 continuations"),
     ([[5]], [[7, 100000]], ll.LikelihoodConfig(), r"request 0: the continuation holds ids outside \[0, 304\)"),
     ([[5] * 500], [[7] * 20], ll.LikelihoodConfig(), r"request 0: context \+ continuation \(520 tokens\) exceed"),
-    ([[5]], [[7]], ll.LikelihoodConfig(mc_num=100, batch_size=32), r"mc_num=100 must be a multiple of batch_size=32"),
-    ([[5]], [[7]], ll.LikelihoodConfig(estimator="ar"), r"estimator='ar' is not one of llada, dream"),
     ([[5]], [[[7, 8]]], ll.LikelihoodConfig(), r"request 0: the continuation must be a flat list"),
     ([[5]], [[7]], ll.LikelihoodConfig(estimator="dream"), r"estimator='dream' never scores a continuation's last"),
     ([[5]], [[7]], {"mc_num": 8}, r"must be an ll.LikelihoodConfig, got dict"),
@@ -203,3 +201,21 @@ def test_pairs_are_split_as_the_authors_split_them(tiny_tokenizer, dream_tokeniz
         if context != context.rstrip():  # the context's trailing spaces went to the continuation
             assert hf.decode(ours[1]).startswith(context[len(context.rstrip()):])
     assert ll.encode_pair(tok, context, continuation, family="dream")[1][-1] == hf.eos_token_id
+
+
+def test_encode_pair_names_what_it_cannot_take(tiny_tokenizer):
+    """Issue #47's siblings: a bare TypeError / ValueError before; one ll.LocalLeapError line now (still a TypeError
+    for a request that is not text)."""
+    from localleap_jax.tokenizer import Tokenizer
+
+    tok = Tokenizer(tiny_tokenizer, mask_id=tiny_tokenizer.mask_token_id, eos_id=tiny_tokenizer.eos_token_id)
+    with pytest.raises(ll.LocalLeapError, match=r"^encode_pair takes two strings, got int and str$") as e:
+        ll.encode_pair(tok, 5, "x")
+    assert isinstance(e.value, TypeError)
+    with pytest.raises(ll.LikelihoodError, match=r"^encode_pair: family must be one of llada, dream, .* got 'nope'$"):
+        ll.encode_pair(tok, "a", "b", family="nope")
+    with pytest.raises(ll.LikelihoodError, match=r"^encode_pair takes an ll.Model or its tokenizer"):
+        ll.encode_pair(None, "a", "b")
+    with pytest.raises(ll.LikelihoodError, match=r"^loglikelihood takes a model \(an ll.Model from ll.load\); str has "
+                                                 r"no config, denoiser$"):
+        ll.loglikelihood("embedded", [[5]], [[6]])

@@ -280,6 +280,32 @@ def test_the_lm_eval_adapter_decodes_in_the_model_s_blocks(sdar4):
         LocalLeapLM(model=model, compile_cache=False, progress=False, block_length=8, gen_length=16)
 
 
+def test_a_gen_length_off_the_block_is_taken_by_every_entry_point(sdar4, converted):
+    """Issue #47: one behaviour for a gen_length that is not a multiple of the model's block, the one README and SDAR's
+    own loop have (the grid's last block is decoded past it, not returned). ll.generate took it, and the adapter given
+    gen_length alone; the adapter given both (as eval_gsm8k makes it, every DecodeConfig field) and sweep's points
+    refused it (gen_length // block_length blocks for `steps`). All take it now; a bidirectional model's canvas is
+    still cut into whole blocks."""
+    from localleap_jax.commands import sweep
+    from localleap_jax.gsm8k import EvalSettings
+    from localleap_jax.lm_eval import LocalLeapLM, ModelArgsError
+
+    model, _, _ = sdar4
+    settings = EvalSettings.for_model({}, gen_length=15, num_fewshot=0, batch_size=2, model=model.config)
+    cfg = settings.check("threshold")
+    assert (cfg.gen_length, cfg.block_length) == (15, 4)
+    lm = LocalLeapLM(model=model, compile_cache=False, progress=False,
+                     **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})  # gsm8k/run.py's call
+    assert (lm.cfg.gen_length, lm.cfg.block_length) == (15, 4)
+    assert sweep.check_point("low_confidence", {"steps": 5}, settings) == ("low_confidence:steps=5", None)
+    llada = ll.load(converted, dtype="float32")
+    bidirectional = dataclasses.replace(settings, model=llada.config)
+    with pytest.raises(DecodeError, match=r"^gen_length=15 is not a multiple of block_length=4$"):
+        bidirectional.check("threshold")
+    with pytest.raises(ModelArgsError, match=r"gen_length=15 is not a multiple of block_length=4"):
+        LocalLeapLM(model=llada, compile_cache=False, progress=False, gen_length=15, block_length=4)
+
+
 def test_sampling_takes_the_same_gumbel_max_path_as_the_other_families(sdar4):
     import jax
 

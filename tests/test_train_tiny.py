@@ -416,6 +416,38 @@ def test_bad_training_flags_end_in_one_line_before_anything_is_built(tmp_path, c
     assert not (tmp_path / "run").exists()  # refused before the work directory is made
 
 
+def test_a_vocabulary_the_tokenizer_cannot_have_and_a_short_run_s_warmup(tmp_path, capsys):
+    """Issue #47: --vocab-size 1 was ignored (the run trained with 262 tokens); --steps 1 failed on the default warm-up
+    of 200, a line that hid the other mistakes. Now every mistake is in the one line, and a short run's default
+    warm-up fits it."""
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_:
+        train_tiny.main(["--out", str(run), "--steps", "1", "--vocab-size", "1", "--n-heads", "3"])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and line == (
+        "error: --vocab-size 1: the byte-level tokenizer needs at least 262 (256 bytes and 6 special tokens); "
+        "--n-heads 3 must divide --d-model 128"), line  # no word of the warm-up: 0 for a run of one step
+    with pytest.raises(SystemExit):
+        train_tiny.main(["--out", str(run), *TINY, "--init-from", str(EMBEDDED), "--vocab-size", "300"])
+    assert "--vocab-size: --init-from brings its own tokenizer" in capsys.readouterr().err
+    assert not run.exists()
+
+
+def test_a_damaged_warm_start_is_refused_before_anything_is_written(tmp_path, capsys):
+    """Issue #47: `--init-from <corrupt>` left OUT/tokenizer/ and OUT/train_config.json behind."""
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(EMBEDDED, source)
+    (shard,) = [p for p in (source / "params").rglob("*") if p.is_file() and p.stat().st_size > 1_000_000][:1]
+    shard.write_bytes(shard.read_bytes()[:100])
+    run = tmp_path / "run"
+    assert train_tiny.main(["--out", str(run), *TINY, "--init-from", str(source)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: --init-from {source}: ") and "is truncated" in line, line
+    assert not run.exists()
+
+
 # ---------------------------------------------------------------- DiffusionGemma (--family diffusion_gemma)
 
 # One layer (a full-attention one) keeps the compiles short; the run below trains both kinds of layer.

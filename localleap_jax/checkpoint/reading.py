@@ -180,7 +180,8 @@ def restore(opened: Opened, dtype: Any, *, verify: bool = True, mesh=None) -> Pa
 def _tokenizer_of(path: Path, config: ModelConfig) -> Tokenizer:
     try:
         return Tokenizer.from_dir(path, mask_id=config.mask_token_id, eos_id=config.eos_token_id,
-                                  pad_id=config.pad_token_id, end_ids=config.end_ids)
+                                  pad_id=config.pad_token_id, end_ids=config.end_ids,
+                                  masked=not config.canvas_length)
     except TokenizerError as e:
         raise CheckpointError(f"{path}: {e}") from None
 

@@ -16,6 +16,7 @@ from typing import Any, Iterator, Mapping
 
 import jax
 
+from localleap_jax import cli
 from localleap_jax.checkpoint.manifest import FORMAT, PARAMS_DIGEST, fingerprint_of, params_file_records
 from localleap_jax.checkpoint.reading import abstract_params, check_finite, check_tree
 from localleap_jax.families import stacked_params
@@ -62,7 +63,9 @@ def atomic_directory(out: str | Path) -> Iterator[Path]:
             raise CheckpointError(f"cannot write {out}: {tmp} already exists") from None
         except OSError as e:
             raise CheckpointError(f"cannot write {out}: {e.strerror or e}") from None
-        yield tmp
+        # A command's watchdog that ends the program (a Ctrl-C while a compiled call runs) removes it first.
+        with cli.if_abandoned(lambda: _remove_tree(tmp)):
+            yield tmp
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)

@@ -40,11 +40,13 @@ from localleap_jax.gsm8k import (RULES_HELP, EvalSettings, Progress, UserError, 
                                  find_checkpoint, holding, load_model, load_user_rules, plan_data, read_model_config,
                                  rule_record, run_strategy, summarize, write_atomically, write_task)
 from localleap_jax.lm_eval import follow
+from localleap_jax.lm_eval.args import ModelArgsError, check_batching
 from localleap_jax.partition import parse_mesh
 from localleap_jax.rules import RULES, SHARED_SETTINGS, parse_spec, split_specs
 from localleap_jax.rules.strategy import settings_taken
 
 RUNS = Path("runs") / "eval_gsm8k"  # the default --output's parent, under the current directory
+DEFAULT_BATCH_SIZE = 32
 LLADA_HINT = ("To evaluate LLaDA-8B-Instruct (GPU/TPU, internet for the first run): "
               "python experiments/eval_gsm8k.py --model GSAI-ML/LLaDA-8B-Instruct --limit 200")
 
@@ -76,11 +78,12 @@ def parse_args(argv=None):
                          "on a canvas model, or a canvas rule on a masked one, is refused)"),
     ap.add_argument("--rules", action="append", metavar="FILE.py|MODULE", help=RULES_HELP)
     ap.add_argument("--limit", type=positive, help="evaluate only the first N problems")
-    ap.add_argument("--batch-size", type=positive, default=32, help="rows decoded at once (default 32)")
+    ap.add_argument("--batch-size", type=positive, help="rows decoded at once (default 32; with --slots: --slots)")
     ap.add_argument("--slots", type=positive, help="continuous batching: rows the loop holds (default: --batch-size); "
                                                    "a finished row's slot takes the next prompt inside the loop")
     ap.add_argument("--queue", type=positive, help="prompts per compiled call through the slots (default 4 x "
-                                                   "--slots; equal to --slots: fixed batches, as before slots)")
+                                                   "--slots; equal to --slots: fixed batches, as before slots; "
+                                                   "below --slots: refused, it would leave slots idle)")
     ap.add_argument("--gen-length", type=positive, help="generation canvas (default 256; the embedded model's own: 64; "
                                                         "a uniform-noise canvas model: 256 rounded up to whole "
                                                         "canvases)")
@@ -110,10 +113,10 @@ def parse_args(argv=None):
     ap.add_argument("--early-stop", action="store_true",
                     help="stop a row after a finished block that holds EOS (a masked model's; a canvas model's rows "
                          "always end on EOS)")
-    ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
-                    help="parameter dtype: auto (fp32 on CPU, bf16 on GPU/TPU), bfloat16, float32")
+    ap.add_argument("--dtype", default="auto", choices=cli.DTYPES, help=cli.DTYPE_HELP)
     ap.add_argument("--output", help="output directory (default runs/eval_gsm8k/<model>-<8 hex of its weights' "
-                    "fingerprint>, under the current directory)")
+                    "fingerprint>-<8 hex of the settings that change the results: strategies, data, canvas, ...>, "
+                    "under the current directory)")
     ap.add_argument("--no-compile-cache", action="store_true", help="do not use JAX's persistent compilation cache")
     ap.add_argument("--seed", type=seed, default=0, help="seed of the draws: sampling, a uniform-noise canvas model's "
                                                          "noise (default 0)")
@@ -137,6 +140,14 @@ def parse_args(argv=None):
         twice = sorted({n for n in given if given.count(n) > 1})
         if twice:
             ap.error(f"argument {flag}: {', '.join(twice)} given twice")
+    if args.slots is not None and args.batch_size is not None and args.slots != args.batch_size:
+        ap.error(f"argument --slots: --slots {args.slots} and --batch-size {args.batch_size} both say how many rows the "
+                 "loop holds; give one of them")
+    args.batch_size = args.batch_size or args.slots or DEFAULT_BATCH_SIZE
+    try:
+        check_batching(args.batch_size, args.slots, args.queue, ("--batch-size", "--slots", "--queue"))
+    except ModelArgsError as e:
+        ap.error(f"argument --queue: {e}")
     if args.fewshot_data and not args.data:
         ap.error("argument --fewshot-data: needs --data (the default data brings its own few-shot examples)")
     if args.mesh is not None:
@@ -211,7 +222,10 @@ def run(args, mesh, progress: Progress) -> int:
                          f" with --cache {cache_mode}" if len(args.caches) > 1 else "")
     check_gen_length(settings.gen_length, path)
     plan = plan_data(args.data, args.fewshot_data, settings.num_fewshot, manifest)
-    out = Path(args.output or default_output(RUNS, path, manifest)).expanduser().resolve()
+    # The default --output is the model's and this run's: runs that would give other results (other strategies,
+    # data, canvas, ...) never replace each other's summary.
+    out = Path(args.output or default_output(RUNS, path, manifest, run=results_identity(args, settings, plan)))
+    out = out.expanduser().resolve()
     check_output(out)
 
     with holding(out, progress):  # held from here on, so a second run is refused before it loads anything
@@ -237,6 +251,15 @@ def check_caches(caches: list[str]) -> None:
         except DecodeError as e:
             hint = "; a policy of your own: --rules path/to/mypolicy.py" if "unknown cache" in str(e) else ""
             raise UserError(f"--cache {spec}: {e}{hint}") from None
+
+
+def results_identity(args, settings: EvalSettings, plan) -> dict:
+    """What the results of a run depend on besides the weights (the default --output is named by its digest): not
+    where it runs or how its batches are laid out (those change speed, not answers)."""
+    return {"strategies": args.strategies, "caches": args.caches, "data": plan.description,
+            "fewshot": str(plan.fewshot) if plan.fewshot else None, "dtype": args.dtype,
+            **{k: getattr(settings, k) for k in ("gen_length", "block_length", "num_fewshot", "limit", "seed",
+                                                "truncate_fewshot", "early_stop", "steps", "kappa", "tau", "radius")}}
 
 
 def check_strategies(strategies: list[str], settings: EvalSettings, where: str = "") -> None:
@@ -290,23 +313,36 @@ def print_table(summary: dict) -> None:
     names_ = list(summary)
     same_key = next((k for s in summary.values() for k in s if k.startswith("identical_to_")), None)
     indel = any(s.get("mean_inserts") or s.get("mean_deletes") for s in summary.values())  # insert/delete columns
-    width = max(16, max(map(len, names_)) + 2)
+    bound = any(s.get("hit_bound") for s in summary.values())  # rows stopped by max_passes with masks left
+    elsewhere = [n for n in names_ if summary[n].get("timed_elsewhere")]
+    width = max(16, max(map(len, names_)) + 3)
     print(f"\n{'strategy':<{width}}{'strict':>8}{'flexible':>10}{'mean NFE':>10}{'remasks':>9}{'edits':>8}"
           + (f"{'inserts':>9}{'deletes':>9}" if indel else "")
           + f"{'NFE ratio':>11}"
           f"{'speedup':>9}"
           f"{'tok/s':>9}{'s/sample':>10}{'compile s':>11}{'passes':>8}{'occupied':>9}{'n':>6}"
-          + (f"{'same':>7}" if same_key else ""))
+          + (f"{'bound':>7}" if bound else "") + (f"{'same':>7}" if same_key else ""))
     for name in names_:
         s = summary[name]
         same = f"{s[same_key]:>7.2f}" if same_key and same_key in s else ("      -" if same_key else "")
-        print(f"{name:<{width}}{s['accuracy_strict']:>8.3f}{s['accuracy_flexible']:>10.3f}{s['mean_nfe']:>10.1f}"
+        label = f"{name} *" if name in elsewhere else name
+        print(f"{label:<{width}}{s['accuracy_strict']:>8.3f}{s['accuracy_flexible']:>10.3f}{s['mean_nfe']:>10.1f}"
               f"{s.get('mean_remasks', 0.0):>9.2f}{s.get('mean_edits', 0.0):>8.2f}"
               + (f"{s.get('mean_inserts', 0.0):>9.2f}{s.get('mean_deletes', 0.0):>9.2f}" if indel else "")
               + f"{s['nfe_ratio']:>11.3f}{s['speedup']:>8.2f}x{s['tokens_per_second']:>9.1f}"
               f"{s['seconds_per_sample']:>10.4f}{s['compile_seconds']:>11.1f}"
               + (f"{s['passes']:>8.0f}{s['occupancy']:>9.2f}" if s.get("passes") is not None else f"{'-':>8}{'-':>9}")
-              + f"{s['n']:>6}{same}")
+              + f"{s['n']:>6}" + (f"{s.get('hit_bound', 0):>7}" if bound else "") + same)
+    if bound:
+        print("bound: answers stopped by the pass bound (max_passes) with masks left (summary.json: hit_bound; "
+              "samples.jsonl: each row's)")
+    for name in elsewhere:
+        s = summary[name]
+        settings = "; ".join(", ".join(f"{k} {v}" for k, v in b.items() if v is not None) if b else "not recorded"
+                             for b in s["timed_with"])
+        print(f"* {name}: {s['timed_elsewhere']} of {s['n']} answers come from an earlier run's cache, generated with "
+              f"other batch settings ({settings}): their speed (speedup, tok/s, s/sample, passes, occupied) is that "
+              "run's, not comparable with this one's; another --output times them again")
 
 
 def write_results(out: Path, summary: dict, rows: list[dict], config: dict) -> None:

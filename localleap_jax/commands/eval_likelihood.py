@@ -9,7 +9,8 @@ truthfulqa_mc2 0 2.0 128, arc_challenge 0 0.5 128, hellaswag 0 0.5 128, winogran
 mmlu 5 0.0 1 (their MC mini-batch: 8, and 1 for mmlu). `--tasks local` (the default for the embedded model) is
 `localleap_jax.lm_eval.choice_task`: the synthetic-math test split with its right answer among three wrong ones.
 A task may be NAME[:SHOTS[:CFG[:MC_NUM]]]. Results: OUT/summary.json and a table; lm-eval's response cache per
-task under OUT/cache, so an interrupted run resumes where it stopped (rerun the same command).
+task under OUT/cache, written as the requests are scored, so an interrupted run resumes where it stopped (rerun the
+same command). One run holds OUT at a time (OUT/.lock, as eval_gsm8k's).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from localleap_jax import cli
 from localleap_jax.checkpoint import EMBEDDED
 from localleap_jax.cli import whole_number
-from localleap_jax.gsm8k import UserError, check_output, default_output, find_checkpoint, load_model, read_model_config
-from localleap_jax.lm_eval import USER_ERRORS, CacheMismatchError, default_dtype
+from localleap_jax.gsm8k import (Progress, UserError, check_output, default_output, exit_status, find_checkpoint,
+                                 holding, load_model, read_model_config, write_atomically)
+from localleap_jax.lm_eval import USER_ERRORS, CacheMismatchError
 
 RESULTS = Path("results")  # the default --output's parent, under the current directory
 # LLaDA's evaluation/eval.sh: (task, few-shot, cfg, mc_num, their --batch_size = the MC mini-batch)
@@ -92,61 +94,94 @@ def parse_args(argv=None):
     ap.add_argument("--cfg", type=float, default=None, help="guidance for every task (default: the table's)")
     ap.add_argument("--n-local", type=whole_number(4, "an integer >= 4"), default=200,
                     help="items of the local choice task (default 200)")
-    ap.add_argument("--dtype", default=None, help="float32 (default on CPU) or bfloat16")
+    ap.add_argument("--dtype", default="auto", choices=cli.DTYPES, help=cli.DTYPE_HELP)
     ap.add_argument("--seed", type=whole_number(0, "an integer >= 0"), default=0)
     ap.add_argument("--output", default=None, help="output directory (default: results/likelihood-<checkpoint>-<8 hex of its "
-                    "weights' fingerprint>, under the current directory)")
+                    "weights' fingerprint>-<8 hex of the tasks and settings>, under the current directory)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     return ap.parse_args(argv)
 
 
-def evaluate(args) -> int:
+def check_tasks(tasks: list[tuple], manager) -> None:
+    """Every stock task named is one lm-eval knows (`manager`: its index, built once), the closest names suggested;
+    refused before anything is created (lm-eval would first make the response cache, then fail)."""
+    import difflib
+
+    known = set(manager.all_tasks)
+    unknown = [name for name, *_ in tasks if name != "local" and name not in known]
+    if unknown:
+        near = {n: difflib.get_close_matches(n, known, n=3) for n in unknown}
+        said = "; ".join(f"{n}" + (f" (did you mean {', '.join(near[n])}?)" if near[n] else "") for n in unknown)
+        raise UserError(f"--tasks: lm-eval knows no task {said}; `python -m localleap_jax.lm_eval ls tasks` lists them, "
+                        "and --tasks local runs offline")
+
+
+def evaluate(args, progress: Progress) -> int:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from localleap_jax.lm_eval import LocalLeapLM
+    from localleap_jax.families import family_of
+    from localleap_jax.lm_eval import LocalLeapLM, check_response_cache, response_cache_file
     from localleap_jax.lm_eval.choice_task import write_choice_task
 
+    # Everything that can be checked is checked before anything is created or loaded.
     path, manifest = find_checkpoint(args.checkpoint)
-    if read_model_config(path).block_causal:
+    config = read_model_config(path)
+    if config.block_causal:
         raise UserError(f"{path.name} is a block-diffusion model (block-causal attention): its authors publish no "
                         "likelihood estimator, and none is served here")
+    family = family_of(config)
+    if family.likelihood is None:
+        raise UserError(f"{path.name}: " + (family.likelihood_refusal or
+                                            f"likelihood of {family.title} models is not served"))
     embedded = path == EMBEDDED
     tasks = parse_tasks(args.tasks or ("local" if embedded else "paper"), args.mc_num, args.mc_batch_size, args.cfg)
-    out = Path(args.output or default_output(RESULTS, path, manifest, prefix="likelihood-"))
+    # The default --output is the model's and this run's (the tasks with their settings, ...): a run that would give
+    # other results never replaces another's summary.
+    run = {"tasks": tasks, "limit": args.limit, "n_local": args.n_local, "seed": args.seed, "dtype": args.dtype}
+    out = Path(args.output or default_output(RESULTS, path, manifest, prefix="likelihood-", run=run))
     out = out.expanduser().resolve()
     check_output(out)
-    out.mkdir(parents=True, exist_ok=True)
-    model = load_model(path, args.dtype or default_dtype())
-    summary = {"checkpoint": str(path), "tasks": {}}
-    for name, shots, guide, mc, batch in tasks:
-        include = None
-        if name == "local":
-            name, include = write_choice_task(out / "local", model.tokenizer, args.n_local, args.seed)
-        manager = TaskManager(include_path=str(include), include_defaults=False) if include else TaskManager()
-        lm = LocalLeapLM(model=model, mc_num=mc, mc_batch_size=batch, cfg=guide, seed=args.seed,
-                         progress=not args.no_progress, stats_path=str(out / "cache" / f"{name}.stats.jsonl"))
-        t0 = time.perf_counter()
-        try:
-            res = lm_eval.simple_evaluate(model=lm, tasks=[name], task_manager=manager, num_fewshot=shots,
-                                          limit=args.limit, use_cache=str(out / "cache" / name), bootstrap_iters=0,
-                                          random_seed=args.seed)
-        except CacheMismatchError as e:
-            raise UserError(f"{e}; or pass another --output") from None
-        except USER_ERRORS as e:
-            raise UserError(str(e)) from None
-        except KeyError as e:  # lm-eval: no such task
-            raise UserError(f"lm-eval knows no task {name!r} ({e}); --tasks local runs offline") from None
-        except (ConnectionError, OSError) as e:
-            raise UserError(f"lm-eval could not load task {name} ({type(e).__name__}): offline? "
-                            "--tasks local runs without the hub") from None
-        seconds = time.perf_counter() - t0
-        metrics = res["results"][name]
-        n = res.get("n-samples", {}).get(name, {}).get("effective")
-        summary["tasks"][name] = {"num_fewshot": shots, "cfg": guide, "mc_num": mc, "mc_batch_size": batch,
-                                  "acc": metrics.get("acc,none"), "acc_norm": metrics.get("acc_norm,none"),
-                                  "n": n, "seconds": seconds, "requests_scored": lm.rows_generated}
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    stock = None
+    if any(name != "local" for name, *_ in tasks):
+        stock = TaskManager()  # lm-eval's index of its tasks, built once (tens of seconds)
+        check_tasks(tasks, stock)
+    for name, *_ in tasks:
+        check_response_cache(response_cache_file(out / "cache" / name))
+
+    with holding(out, progress):  # one run at a time writes into OUT (as eval_gsm8k and analyze_dynamics)
+        model = load_model(path, args.dtype)
+        summary = {"checkpoint": str(path), "tasks": {}}
+        for name, shots, guide, mc, batch in tasks:
+            manager = stock
+            if name == "local":
+                name, include = write_choice_task(out / "local", model.tokenizer, args.n_local, args.seed)
+                manager = TaskManager(include_path=str(include), include_defaults=False)
+                check_response_cache(response_cache_file(out / "cache" / name))
+            lm = LocalLeapLM(model=model, mc_num=mc, mc_batch_size=batch, cfg=guide, seed=args.seed,
+                             progress=not args.no_progress, stats_path=str(out / "cache" / f"{name}.stats.jsonl"))
+            progress.models.append(lm)
+            t0 = time.perf_counter()
+            try:
+                res = lm_eval.simple_evaluate(model=lm, tasks=[name], task_manager=manager, num_fewshot=shots,
+                                              limit=args.limit, use_cache=str(out / "cache" / name),
+                                              bootstrap_iters=0, random_seed=args.seed)
+            except CacheMismatchError as e:
+                raise UserError(f"{e}; or pass another --output") from None
+            except USER_ERRORS as e:
+                raise UserError(str(e)) from None
+            except KeyError as e:  # lm-eval: no such task
+                raise UserError(f"lm-eval knows no task {name!r} ({e}); --tasks local runs offline") from None
+            except (ConnectionError, OSError) as e:
+                raise UserError(f"lm-eval could not load task {name} ({type(e).__name__}): offline? "
+                                "--tasks local runs without the hub") from None
+            seconds = time.perf_counter() - t0
+            metrics = res["results"][name]
+            n = res.get("n-samples", {}).get(name, {}).get("effective")
+            summary["tasks"][name] = {"num_fewshot": shots, "cfg": guide, "mc_num": mc, "mc_batch_size": batch,
+                                      "acc": metrics.get("acc,none"), "acc_norm": metrics.get("acc_norm,none"),
+                                      "n": n, "seconds": seconds, "requests_scored": lm.rows_generated}
+            write_atomically(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     print(f"\n{'task':24} {'shots':>5} {'cfg':>4} {'mc':>4} {'acc':>7} {'acc_norm':>8} {'n':>5} {'s':>7}")
     for name, r in summary["tasks"].items():
         fmt = lambda v: "-" if v is None else f"{100 * v:.1f}"  # noqa: E731
@@ -158,9 +193,5 @@ def evaluate(args) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    return cli.run_command(lambda: evaluate(args), interrupted)
-
-
-def interrupted(why: str) -> str:
-    return f"interrupted ({why}): the requests scored so far are in OUT/cache; rerun the same command to resume"
-
+    progress = Progress(made="requests scored")  # what an interrupted run kept, for its one line
+    return exit_status(lambda: evaluate(args, progress), progress)

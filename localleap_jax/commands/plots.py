@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,10 @@ def jsonable(x: Any) -> Any:
 
 
 def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(jsonable(data), indent=1, allow_nan=False))
+    """Write `data` as JSON, replacing `path` whole (a run ended mid-write leaves the old file or the new one)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(jsonable(data), indent=1, allow_nan=False))
+    os.replace(tmp, path)
 
 
 def _save(fig, out: Path, name: str, data: dict) -> dict:
@@ -277,3 +281,27 @@ def figure4_plot(path: Path, record: dict, metric: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+# ---------------------------------------------------------------- run as a program
+
+USAGE = """usage: python experiments/analyze_dynamics.py --output DIR                     (trace a model, then draw)
+       python experiments/analyze_dynamics.py --from-traces DIR/traces --output DIR2   (draw saved traces)
+
+localleap_jax.commands.plots draws the paper's decoding-dynamics figures (1a, 1b, 1c, 2) for analyze_dynamics,
+from a Trace (figure1a, figure1b, figure1c, figure2, all_figures); it is not a command of its own. The commands
+above draw them."""
+
+
+def main(argv=None) -> int:
+    """`python -m localleap_jax.commands.plots`: say which command draws the figures (status 2)."""
+    import sys
+
+    print(USAGE, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -60,6 +60,7 @@ from localleap_jax.gsm8k import (RULES_HELP, EvalSettings, Progress, UserError, 
                                  load_user_rules, plan_data, read_model_config, rule_record, run_strategy, summarize,
                                  write_atomically, write_task)
 from localleap_jax.rules import RULES
+from localleap_jax.rules.registry import unknown_rule
 
 # The rules a sweep runs when --strategies names none; any registered rule may be named (--rules adds a user's).
 RULE_NAMES = ("low_confidence", "threshold", "localleap", "factor", "eb", "margin", "entropy", "klass", "stable")
@@ -149,7 +150,7 @@ def parse_args(argv=None):
                     help="cache policy, a name or name:setting=value,... as eval_gsm8k.py's (default %(default)s: the "
                          "exact block cache for a block-diffusion model, else none)")
     ap.add_argument("--early-stop", action="store_true", help="stop a row after a finished block that holds EOS")
-    ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"))
+    ap.add_argument("--dtype", default="auto", choices=cli.DTYPES, help=cli.DTYPE_HELP)
     ap.add_argument("--seed", type=seed, default=0)
     ap.add_argument("--no-compile-cache", action="store_true", help="do not use JAX's persistent compilation cache")
     ap.add_argument("--strategies", default=",".join(RULE_NAMES),
@@ -201,7 +202,7 @@ def parse_strategies(text: str) -> list[str]:
             raise UserError(f"argument --strategies: {name!r}: give rule names here; sweep a setting with "
                             f"--grid {name.split(':')[0]}:setting=v1;v2")
         if name not in RULES:
-            raise UserError(f"argument --strategies: unknown rule {name!r}; choose from {', '.join(sorted(RULES))} "
+            raise UserError(f"argument --strategies: {unknown_rule(name, 'rule')} "
                             "(a rule of your own: --rules path/to/myrules.py)")
     twice = sorted({n for n in given if given.count(n) > 1})
     if twice:
@@ -256,7 +257,7 @@ def parse_grid(text: str) -> tuple[str, dict[str, list]]:
     if not colon:
         raise UserError(f"argument --grid: {text!r} is not NAME:setting=v1;v2,...")
     if name not in RULES:
-        raise UserError(f"argument --grid: unknown rule {name!r}; choose from {', '.join(sorted(RULES))}")
+        raise UserError(f"argument --grid: {unknown_rule(name, 'rule')}")
     axes = parse_assignments("--grid", rest)
     unknown = sorted(set(axes) - set(rule_settings(name)))
     if unknown:
@@ -300,9 +301,10 @@ def check_point(name: str, settings: dict, eval_settings: EvalSettings) -> tuple
     import localleap_jax as ll
 
     try:
-        # The rule object first: a spec leaves None settings out, so 'threshold' with kappa=None would
-        # read back as the default kappa instead of being refused.
-        spec = ll.rule(name, **settings).validate(eval_settings.gen_length, eval_settings.block_length).spec()
+        # The rule object first (ll.rule checks its settings, None included: a spec would leave a None setting out
+        # and read back as the default); then the canvas as eval_gsm8k checks it, with the model (a block-diffusion
+        # model's grid takes any gen_length, and `steps` against its blocks per row).
+        spec = ll.rule(name, **settings).spec()
         eval_settings.check(spec)  # what eval_gsm8k checks
     except DecodeError as e:
         return None, str(e)

@@ -55,10 +55,11 @@ from tqdm import tqdm
 
 from localleap_jax import checkpoint, cli, families, synthetic_math
 from localleap_jax.config import ModelConfig
-from localleap_jax.errors import UserError
+from localleap_jax.errors import CheckpointError, ConfigError, UserError
 from localleap_jax.families import diffusion_gemma as dg
 from localleap_jax.model import forward, head, positions_from_mask, trunk_masked
-from localleap_jax.tokenizer import Tokenizer, left_pad, make_tokenizer
+from localleap_jax.tokenizer import (BOS_TOKEN, EOS_TOKEN, EOT_TOKEN, HEADER_TOKENS, MASK_TOKEN, Tokenizer, left_pad,
+                                     make_tokenizer)
 
 PROMPT = "Question: {question}\nAnswer:"  # lm-eval's gsm8k doc_to_text, 0-shot
 CHAIN_STRATEGIES = "low_confidence,threshold:kappa=0.5,threshold,localleap"
@@ -88,6 +89,14 @@ class TrainConfig:
     decode_like: float = 0.0
     block_length: int = 16
 
+
+# The flags whose default depends on the others (None until given): --vocab-size (--init-from brings its own), --warmup
+# (200 steps, or a tenth of a run of 200 steps or fewer).
+GIVEN_OR_DERIVED = ("vocab_size", "warmup")
+DEFAULT_HELP = {"warmup": "200, or a tenth of --steps when that is 200 or fewer",
+                "vocab_size": "384; --init-from: its tokenizer's"}
+# The smallest vocabulary the byte-level BPE tokenizer has (make_tokenizer): its 256 bytes and its special tokens.
+MIN_VOCAB = 256 + len([EOS_TOKEN, BOS_TOKEN, MASK_TOKEN, EOT_TOKEN, *HEADER_TOKENS])
 
 # What each TrainConfig field is, as `--help` prints it (with its default).
 FIELD_HELP = {
@@ -447,46 +456,77 @@ def main(argv=None) -> int:
     ap.add_argument("--init-from", help="warm start: a checkpoint directory whose parameters of matching shape "
                                         "(and whose tokenizer) this run starts from")
     for f in dataclasses.fields(TrainConfig):
-        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                        help=f"{FIELD_HELP[f.name]} (default {f.default})")
+        default = DEFAULT_HELP.get(f.name, f.default)
+        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default),
+                        default=None if f.name in GIVEN_OR_DERIVED else f.default,
+                        help=f"{FIELD_HELP[f.name]} (default {default})")
     args = ap.parse_args(argv)
+    problems = []  # every mistake of the flags, in one line (one does not hide the next)
+    if args.vocab_size is not None and args.init_from:
+        problems.append("--vocab-size: --init-from brings its own tokenizer (and so its vocabulary); leave it out")
+    if args.vocab_size is not None and args.vocab_size < MIN_VOCAB:
+        problems.append(f"--vocab-size {args.vocab_size}: the byte-level tokenizer needs at least {MIN_VOCAB} (256 "
+                        f"bytes and {MIN_VOCAB - 256} special tokens)")
+    if args.vocab_size is None:
+        args.vocab_size = TrainConfig.vocab_size
+    if args.warmup is None:  # the default warm-up fits the run: 200 steps, or a tenth of a shorter one
+        args.warmup = TrainConfig.warmup if args.steps > TrainConfig.warmup else args.steps // 10
     # --family names the architecture trained and its objective: LLaDA's (bidirectional), SDAR's (block
     # diffusion) or DiffusionGemma's (uniform noise on one canvas)
     objective = OBJECTIVES[args.family]
     if not objective.blocks and args.block_size is not None:
-        ap.error(f"--block-size is for --family sdar ({args.family} has no block grid)")
+        problems.append(f"--block-size is for --family sdar ({args.family} has no block grid)")
     block_size = args.block_size if args.block_size is not None else 4
     if objective.blocks and block_size < 1:
-        ap.error(f"--block-size must be >= 1, got {block_size}")
+        problems.append(f"--block-size must be >= 1, got {block_size}")
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
-    for name in ("steps", "batch_size", "gen_length", "prompt_length", "vocab_size", "d_model", "n_layers",
-                 "n_heads", "mlp_hidden_size", "save_every"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if not 0 <= cfg.warmup < cfg.steps or not cfg.lr > 0 or cfg.weight_decay < 0:
-        ap.error(f"need 0 <= --warmup < --steps, --lr > 0 and --weight-decay >= 0; got warmup {cfg.warmup}, "
-                 f"steps {cfg.steps}, lr {cfg.lr}, weight decay {cfg.weight_decay}")
-    if cfg.d_model % cfg.n_heads:
-        ap.error(f"--n-heads {cfg.n_heads} must divide --d-model {cfg.d_model}")
+    small = [f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
+             for name in ("steps", "batch_size", "gen_length", "prompt_length", "d_model", "n_layers", "n_heads",
+                          "mlp_hidden_size", "save_every") if getattr(args, name) < 1]
+    problems += small
+    if not small and (not 0 <= cfg.warmup < cfg.steps or not cfg.lr > 0 or cfg.weight_decay < 0):
+        problems.append(f"need 0 <= --warmup < --steps, --lr > 0 and --weight-decay >= 0; got warmup {cfg.warmup}, "
+                        f"steps {cfg.steps}, lr {cfg.lr}, weight decay {cfg.weight_decay}")
+    if cfg.n_heads >= 1 and cfg.d_model % cfg.n_heads:
+        problems.append(f"--n-heads {cfg.n_heads} must divide --d-model {cfg.d_model}")
     if cfg.task not in synthetic_math.TASKS:
-        ap.error(f"--task must be one of {', '.join(sorted(synthetic_math.TASKS))}, got {cfg.task!r}")
+        problems.append(f"--task must be one of {', '.join(sorted(synthetic_math.TASKS))}, got {cfg.task!r}")
     if not 0.0 <= cfg.decode_like <= 1.0:
-        ap.error(f"--decode-like is a share of rows, in [0, 1]; got {cfg.decode_like}")
+        problems.append(f"--decode-like is a share of rows, in [0, 1]; got {cfg.decode_like}")
     if objective.masks and (cfg.block_length < 1 or cfg.gen_length % cfg.block_length):  # sdar: --block-size
-        ap.error(f"--block-length must divide --gen-length {cfg.gen_length} (the export decodes in blocks of it), "
-                 f"got {cfg.block_length}")
+        problems.append(f"--block-length must divide --gen-length {cfg.gen_length} (the export decodes in blocks of "
+                        f"it), got {cfg.block_length}")
     if cfg.decode_like and not objective.masks:
-        ap.error(f"--decode-like is for --family llada ({args.family}'s objective has no masks to draw)")
-    return cli.run_command(lambda: train(args, cfg, block_size, argv))
+        problems.append(f"--decode-like is for --family llada ({args.family}'s objective has no masks to draw)")
+    if problems:
+        ap.error("; ".join(problems))
+    saved: dict = {"step": None}  # the last training state saved (what an interrupted run keeps)
+    state_dir = Path(args.out).expanduser().resolve() / "train_state"
+
+    def interrupted(why: str) -> str:  # the line of a run the watchdog ended (inside a compile or a step)
+        if saved["step"] is None:
+            return f"interrupted ({why}) before a training state was saved; nothing was kept"
+        return (f"interrupted ({why}); the training state of step {saved['step']} is kept in {state_dir}; rerun the "
+                "same command to resume")
+
+    return cli.run_command(lambda: train(args, cfg, block_size, argv, saved), interrupted)
 
 
-def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
-    """The run the flags ask for: train (or resume), then export a checkpoint directory."""
+def train(args, cfg: TrainConfig, block_size: int, argv, saved: dict | None = None) -> int:
+    """The run the flags ask for: train (or resume), then export a checkpoint directory. `saved["step"]` follows the
+    last training state saved."""
+    saved = {} if saved is None else saved
     objective = OBJECTIVES[args.family]  # the architecture and objective --family names (see main)
     cli.check_writable_dir(args.out, "--out")  # both before any work, not after the training
     if args.export:
         cli.check_writable_dir(Path(args.export).expanduser().resolve().parent, "--export", args.export)
     init_from = str(Path(args.init_from).resolve()) if args.init_from else None
+    source = None
+    if init_from:  # read (and checked) before anything is written: a damaged source leaves nothing behind
+        try:
+            source = checkpoint.load(init_from, dtype="float32")
+        except (CheckpointError, ConfigError) as e:
+            raise UserError(f"--init-from {args.init_from}: {e}") from None
     # The run's identity: TrainConfig, plus the new flags only when they are not the default (a LLaDA run from
     # scratch records, and resumes from, exactly what it always has).
     run_cfg = dataclasses.asdict(cfg)
@@ -499,32 +539,38 @@ def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
     if init_from:
         run_cfg |= {"init_from": init_from}
     out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     saved_cfg = out / "train_config.json"
     if saved_cfg.exists() and json.loads(saved_cfg.read_text()) != run_cfg:
         raise UserError(f"{out} holds a run with a different configuration ({saved_cfg}); use a new --out")
+    if source is not None:  # the warm start's ids: its tokenizer, checked against its model before anything is written
+        tok = build_tokenizer(cfg, Path(init_from))
+        config = objective.config(cfg, tok, block_size)
+        for name in ("vocab_size", "mask_token_id", "eos_token_id", "pad_token_id"):
+            if getattr(source.config, name) != getattr(config, name):
+                raise UserError(f"--init-from {init_from} has {name}={getattr(source.config, name)}, this run "
+                                f"{getattr(config, name)}")
+        params, copied, kept = warm_start(families.init_params(config, jax.random.key(cfg.seed)),
+                                           families.stacked_params(source.params, source.config))
+        if not copied:
+            raise UserError(f"--init-from {init_from}: no parameter has a matching shape")
+    out.mkdir(parents=True, exist_ok=True)
     saved_cfg.write_text(json.dumps(run_cfg, indent=2))
-
     if init_from and not (out / "tokenizer" / "tokenizer.json").exists():
         (out / "tokenizer").mkdir(parents=True, exist_ok=True)
-        checkpoint.copy_tokenizer_files(init_from, out / "tokenizer")  # the warm start's ids
+        checkpoint.copy_tokenizer_files(init_from, out / "tokenizer")
     tok = build_tokenizer(cfg, out / "tokenizer")
+    if source is None and len(tok.hf) != cfg.vocab_size:  # the corpus ran out of merges before the size asked for
+        print(f"note: the training corpus gives a tokenizer of {len(tok.hf)} tokens, not --vocab-size "
+              f"{cfg.vocab_size}: the model's vocabulary is {len(tok.hf)}", file=sys.stderr)
     config = objective.config(cfg, tok, block_size)
     loss_fn = objective.loss(cfg, config)
     schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup, cfg.steps, end_value=cfg.lr * 0.05)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0),
                             optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=cfg.weight_decay))
-    params = families.init_params(config, jax.random.key(cfg.seed))
     warm = None
-    if init_from:
-        source = checkpoint.load(init_from, dtype="float32")
-        for name in ("vocab_size", "mask_token_id", "eos_token_id", "pad_token_id"):
-            if getattr(source.config, name) != getattr(config, name):
-                raise UserError(f"--init-from {init_from} has {name}={getattr(source.config, name)}, this run "
-                                f"{getattr(config, name)}")
-        params, copied, kept = warm_start(params, families.stacked_params(source.params, source.config))
-        if not copied:
-            raise UserError(f"--init-from {init_from}: no parameter has a matching shape")
+    if source is None:
+        params = families.init_params(config, jax.random.key(cfg.seed))
+    else:
         warm = {"init_from": args.init_from, "copied_leaves": len(copied), "kept_init": kept}
         print(f"warm start from {init_from}: {len(copied)} leaves copied; kept at init: {', '.join(kept) or 'none'}")
     state = {"params": params, "opt": optimizer.init(params)}
@@ -532,7 +578,7 @@ def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
     manager = ocp.CheckpointManager(out / "train_state", options=ocp.CheckpointManagerOptions(max_to_keep=2))
     start = 0
     if manager.latest_step() is not None:
-        start = manager.latest_step()
+        start = saved["step"] = manager.latest_step()
         state = manager.restore(start, args=ocp.args.StandardRestore(state))
         print(f"resumed from step {start}")
 
@@ -548,21 +594,26 @@ def train(args, cfg: TrainConfig, block_size: int, argv) -> int:
     bar = tqdm(steps, initial=start, total=cfg.steps, desc="train", dynamic_ncols=True, disable=args.export_only)
     completed = start
     try:
-        for step in bar:
-            batch = make_batch(step, cfg, tok)
-            state, loss = train_step(state, *batch, jax.random.fold_in(jax.random.key(cfg.seed + 1), step))
-            completed = step + 1
-            if step % 10 == 0:
-                loss = float(loss)
-                ema = loss if ema is None else 0.9 * ema + 0.1 * loss
-                bar.set_postfix(loss=f"{ema:.3f}", lr=f"{float(schedule(step)):.1e}")
-            if completed % args.save_every == 0 or completed == cfg.steps:
-                manager.save(completed, args=ocp.args.StandardSave(state))
+        with cli.stopping_between_steps():  # a Ctrl-C lands between two steps, never inside a save
+            for step in bar:
+                cli.stop_if_asked()
+                batch = make_batch(step, cfg, tok)
+                state, loss = train_step(state, *batch, jax.random.fold_in(jax.random.key(cfg.seed + 1), step))
+                completed = step + 1
+                if step % 10 == 0:
+                    loss = float(loss)
+                    ema = loss if ema is None else 0.9 * ema + 0.1 * loss
+                    bar.set_postfix(loss=f"{ema:.3f}", lr=f"{float(schedule(step)):.1e}")
+                if completed % args.save_every == 0 or completed == cfg.steps:
+                    manager.save(completed, args=ocp.args.StandardSave(state))
+                    manager.wait_until_finished()
+                    saved["step"] = completed
     except KeyboardInterrupt as e:
         # Keep every finished step: save the state now, then let the same command resume from it.
         if completed != manager.latest_step():
             manager.save(completed, args=ocp.args.StandardSave(state), force=True)
         manager.wait_until_finished()
+        saved["step"] = completed
         bar.close()
         print(f"interrupted ({str(e) or 'Ctrl-C'}) after step {completed}; state saved in {out / 'train_state'}; "
               "rerun the same command to resume", file=sys.stderr)

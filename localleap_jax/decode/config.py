@@ -10,6 +10,7 @@ recorder and the rule's traits.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,14 @@ class DecodeConfig:
     def __new__(cls, *args, **fields):
         # The settings DecodeConfig once took beside a rule's name are the rule's own now: say so, not just TypeError.
         old = [k for k in rules.SHARED_SETTINGS if k in fields]
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in fields if k not in known and k not in old]
+        if unknown:
+            raise DecodeError(f"DecodeConfig has no field {unknown[0]!r}{_did_you_mean(unknown[0], known)}; its fields: "
+                              f"{', '.join(known)}")
+        if len(args) > len(known):
+            raise DecodeError(f"DecodeConfig takes at most {len(known)} positional fields ({', '.join(known)}), "
+                              f"got {len(args)}")
         if old:
             given = fields.get("strategy", args[0] if args else "localleap")
             name = given.split(":")[0] if isinstance(given, str) else "localleap"
@@ -77,6 +86,34 @@ class DecodeConfig:
         object.__setattr__(self, "strategy", rule)
         object.__setattr__(self, "_traits", traits)
         object.__setattr__(self, "cache", resolve_cache(self.cache))  # a bad name or setting: one DecodeError line
+        self._check_fields()  # every field's type and range: one line here, not an error inside generate
+
+    def _check_fields(self) -> None:
+        """What each field must be, whatever the model: whole numbers, a finite temperature, switches that are True
+        or False, a bound and sub-blocks that are positive."""
+        def bad(msg):
+            raise DecodeError(msg)
+        for name in ("gen_length", "block_length", "prompt_bucket"):
+            v = getattr(self, name)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                bad(f"{name}={v!r} must be a whole number")
+            if v <= 0:
+                bad(f"{name}={v} must be positive")
+        v = self.temperature
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)) \
+                or not np.isfinite(v):
+            bad(f"temperature={v!r} must be a finite number (0: argmax; > 0: sampling)")
+        if v < 0:
+            bad(f"temperature={v} must be >= 0 (0: argmax; > 0: sampling)")
+        for name in ("early_stop", "logits_eos_inf", "confidence_eos_eot_inf"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                bad(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.max_passes is not None and (isinstance(self.max_passes, (bool, np.bool_)) or
+                                            not isinstance(self.max_passes, (int, np.integer)) or self.max_passes < 1):
+            bad(f"max_passes={self.max_passes!r} must be a positive whole number (or None: the rule's own bound)")
+        S = self.sub_block_length
+        if S is not None and (isinstance(S, (bool, np.bool_)) or not isinstance(S, (int, np.integer)) or S < 1):
+            bad(f"sub_block_length={S!r} must be a positive whole number (or None: the family's)")
 
     @property
     def num_blocks(self) -> int:
@@ -126,25 +163,13 @@ class DecodeConfig:
 
     def validate(self, model=None, *, canvas: bool = True) -> "DecodeConfig":
         """Refuse, in one line, anything that cannot run. `model` (a ModelConfig) adds the checks that depend
-        on it: a block-diffusion model decodes its own blocks (block_length = its block_size, gen_length any).
-        `canvas=False` leaves out what depends on the block length (for a caller that fills it in from the
-        model once it is loaded)."""
+        on it: a block-diffusion model decodes its own blocks (block_length = its block_size, gen_length any);
+        without it the canvas is checked as a bidirectional model's (whole blocks). `canvas=False` leaves out what
+        depends on the canvas (for a caller that does not know the model yet: it checks once the model is known)."""
         def bad(msg):
             raise DecodeError(msg)
         grid = model is not None and model.block_causal
-        for name in ("gen_length", "block_length", "prompt_bucket"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                bad(f"{name}={v!r} must be a whole number")
-        for name in ("temperature",):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not np.isfinite(v):
-                bad(f"{name}={v!r} must be a finite number")
-        for name in ("early_stop", "logits_eos_inf", "confidence_eos_eot_inf"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                bad(f"{name}={getattr(self, name)!r} must be True or False")
-        if self.gen_length <= 0 or self.block_length <= 0:
-            bad(f"gen_length ({self.gen_length}) and block_length ({self.block_length}) must be positive")
+        self._check_fields()  # checked at construction; again here for a config whose fields were set since
         self._check_canvas(model, canvas)
         if grid:
             if self.block_length != model.block_size and not model.flexible_block:
@@ -160,13 +185,6 @@ class DecodeConfig:
                     f"bidirectional: use {', '.join(BIDIRECTIONAL_CACHES)}")
             if canvas and self.gen_length % self.block_length:
                 bad(f"gen_length={self.gen_length} is not a multiple of block_length={self.block_length}")
-        if self.temperature < 0:
-            bad(f"temperature={self.temperature} must be >= 0")
-        if self.prompt_bucket <= 0:
-            bad(f"prompt_bucket={self.prompt_bucket} must be positive")
-        if self.max_passes is not None and (isinstance(self.max_passes, bool) or
-                                            not isinstance(self.max_passes, (int, np.integer)) or self.max_passes < 1):
-            bad(f"max_passes={self.max_passes!r} must be a positive whole number (or None: the rule's own bound)")
         self._check_sub_blocks(model)
         # On a block grid the blocks per row depend on the prompt: `steps` is checked with it (check_grid_steps).
         shape = (None, None) if grid or not canvas else (self.gen_length, self.block_length)
@@ -219,8 +237,6 @@ class DecodeConfig:
         S, mode = self.sub_block_length, self.cache_mode(model)
         family = FAMILIES.get(model.family) if model is not None else None
         if S is not None:
-            if isinstance(S, bool) or not isinstance(S, (int, np.integer)) or S < 1:
-                raise DecodeError(f"sub_block_length={S!r} must be a positive whole number (or None: the family's)")
             if family is not None and not family.sub_block_length:
                 raise DecodeError(f"sub_block_length={S}: {family.title} decodes whole blocks (sub-blocks are "
                                   "Fast-dLLM v2's); leave it None")
@@ -329,6 +345,11 @@ class DecodeConfig:
         fields = {k: v for k, v in data.items() if k not in ("rule", "cache")}
         return cls(strategy=rules.rule_from_json(data["rule"]), cache=policy_from_json(data.get("cache", "auto")),
                    **fields)
+
+
+def _did_you_mean(given, choices) -> str:
+    near = difflib.get_close_matches(given, choices, n=1) if isinstance(given, str) else []
+    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 def model_canvas(model, gen_length: int) -> dict[str, int]:

@@ -24,6 +24,7 @@ from localleap_jax.compile_cache import compile_once, signature
 from localleap_jax.config import ModelConfig
 from localleap_jax.decode.canvas import grid_tail
 from localleap_jax.decode.config import DecodeConfig, check_room, grid_blocks, prompt_arrays
+from localleap_jax.decode import progress
 from localleap_jax.decode.draws import prompt_draws
 from localleap_jax.decode.loop import LoopOutput, PerRow, decode_loop
 from localleap_jax.decode.slots import decode_slots
@@ -57,8 +58,45 @@ class Generation:
         return float(np.sum(self.nfe)) / max(self.forward_passes * held, 1)
 
 
+def check_config(cfg) -> DecodeConfig:
+    """`cfg` is a DecodeConfig (a spec string or None named in one line, with what to pass)."""
+    if isinstance(cfg, DecodeConfig):
+        return cfg
+    hint = (f"ll.DecodeConfig(strategy={cfg!r})" if isinstance(cfg, str)
+            else "ll.DecodeConfig(strategy=..., gen_length=..., block_length=...), or leave it out for the defaults")
+    raise DecodeError(f"cfg is {type(cfg).__name__} {cfg!r:.60}, not a DecodeConfig: pass {hint}"
+                      if cfg is not None else f"cfg is None: pass {hint}")
+
+
+def check_rng(rng) -> None:
+    """`rng` is None or a JAX random key: jax.random.key(seed) (a typed key), or jax.random.PRNGKey(seed) (uint32 [2])."""
+    if rng is None:
+        return
+    dtype, shape = getattr(rng, "dtype", None), getattr(rng, "shape", None)
+    typed = dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) and shape == ()
+    legacy = isinstance(rng, (jax.Array, np.ndarray)) and dtype == np.uint32 and shape == (2,)
+    if not (typed or legacy):
+        what = f"{type(rng).__name__} {rng!r:.40}" if dtype is None else f"{type(rng).__name__} {dtype}{list(shape)}"
+        raise DecodeError(f"rng is {what}, not a JAX random key: pass rng=jax.random.key(seed) (or None for greedy "
+                          "decoding)")
+
+
+def check_no_mask_in_prompts(ids: np.ndarray, mask: np.ndarray, config: ModelConfig) -> None:
+    """A masked-diffusion model reads its mask id as a position to generate: in a prompt it would be filled in and
+    the answer decoded after a corrupted prompt. (A uniform-noise canvas model has no mask: it reads every id.)"""
+    if config.canvas_length:
+        return
+    rows = np.flatnonzero(((ids == config.mask_token_id) & mask).any(axis=1))
+    if rows.size:
+        shown = ", ".join(map(str, rows[:8].tolist())) + (", ..." if rows.size > 8 else "")
+        raise DecodeError(f"prompt rows [{shown}] hold the mask id {config.mask_token_id}, which the model reads as a "
+                          "position to generate: remove the mask token from the prompt text")
+
+
 def prepare_inputs(ids, mask, cfg: DecodeConfig, config: ModelConfig, rng) -> tuple[np.ndarray, np.ndarray, int]:
     """Validate user inputs and left-pad prompts to the bucket; returns (ids, mask, pad added)."""
+    cfg = check_config(cfg)
+    check_rng(rng)
     cfg.validate(config)
     ids, mask = prompt_arrays(ids, mask)  # None, text or ragged rows: one line naming what was given
     if ids.ndim != 2 or mask.shape != ids.shape:
@@ -74,6 +112,7 @@ def prepare_inputs(ids, mask, cfg: DecodeConfig, config: ModelConfig, rng) -> tu
         raise DecodeError(f"rows {empty.tolist()} have an empty prompt (mask all False)")
     if ((ids < 0) | (ids >= config.embedding_size))[mask].any():
         raise DecodeError(f"token ids must lie in [0, {config.embedding_size})")
+    check_no_mask_in_prompts(ids, mask, config)
     longest = int(mask.sum(axis=1).max())
     tail = grid_tail(cfg.gen_length, cfg.block_length) if config.block_causal else 0  # blocks end on the grid
     if longest + cfg.gen_length + tail > config.max_sequence_length:
@@ -102,6 +141,7 @@ class Placement(Protocol):
     """Where one batch's loop runs, and how its rows are laid out there."""
 
     kind: str  # names the program in compile_cache.compiled_programs()
+    local: bool  # its devices are this process's only (a mesh may span processes, whose programs must match)
 
     def rows(self, batch: int) -> int:
         """Rows the program runs for a batch of `batch` (padded with copies of row 0 to fill the devices)."""
@@ -127,6 +167,7 @@ class OneDevice:
     """The whole batch in one program on the default device."""
 
     kind = "decode/one-device"
+    local = True
 
     def rows(self, batch):
         return batch
@@ -210,6 +251,9 @@ def assemble(model, ids, mask, cfg: DecodeConfig, rng, *, placement: Placement, 
         raise DecodeError(f"generate takes a model with config, denoiser and special (an ll.Model from ll.load); "
                           f"{type(model).__name__} has no {', '.join(missing)}")
     slots = check_slots(slots)
+    if not isinstance(trace, (bool, np.bool_)):
+        raise DecodeError(f"trace={trace!r} must be True or False")
+    cfg = check_config(cfg)
     ids_b, mask_b, pad = prepare_inputs(ids, mask, cfg, model.config, rng)
     B, P = ids_b.shape
     if cfg.traits.canvas:
@@ -228,12 +272,15 @@ def assemble(model, ids, mask, cfg: DecodeConfig, rng, *, placement: Placement, 
     # masked rule's sampling key is per batch (each data shard its own); greedy decoding draws nothing: no key.
     draws = jax.tree.map(lambda a: pad_rows(a, rows), prompt_draws(rng, B, noise)) if cfg.traits.canvas else None
     key = rng if cfg.draws and draws is None else None
+    # A caller's progress listener (decode/progress.py), on this process's devices only: a mesh may span processes,
+    # whose programs must be the same.
+    report = per_shard is not None and progress.listening() and placement.local
     loop_fn = (functools.partial(decode_loop, loop=loop, special=special) if per_shard is None else
-               functools.partial(decode_slots, loop=loop, special=special, slots=per_shard))
+               functools.partial(decode_slots, loop=loop, special=special, slots=per_shard, report=report))
     kind = placement.kind if per_shard is None else f"{placement.kind}/slots"
     return Program(loop_fn, decoding_denoiser(model, cfg),
                    (pad_rows(ids_b, rows), pad_rows(mask_b, rows), key, rule_rows, draws), kind,
-                   (placement, loop, special, per_shard), loop, B, P, pad, per_shard)
+                   (placement, loop, special, per_shard, report), loop, B, P, pad, per_shard)
 
 
 def run(model, ids, mask=None, cfg: DecodeConfig = DecodeConfig(), rng: jax.Array | None = None, *,

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from localleap_jax.decode.canvas import Canvas, rows_where
+from localleap_jax.decode import progress
 from localleap_jax.decode.draws import PromptDraws
 from localleap_jax.decode.loop import (LoopOutput, LoopSettings, LoopState, Pass, PerRow, initial_state, one_pass,
                                        per_row_settings, row_bound)
@@ -65,10 +66,11 @@ def write_rows(results, rows, dest: Int[Array, "S"]):
 
 def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "N P"], rng: jax.Array | None,
                  rule: PerRow, draws: PromptDraws | None = None, *, loop: LoopSettings, special: SpecialIds,
-                 slots: int) -> LoopOutput:
+                 slots: int, report: bool = False) -> LoopOutput:
     """The whole generation of N prompts through min(slots, N) rows; outputs in prompt order. `rule`: the rule and
     the cache policy with one value per prompt in every setting (`with_rows(N)`); `draws`: a canvas rule's, per
-    prompt."""
+    prompt. `report`: after every pass, the prompts that finished in it go to `progress.report` (the caller's
+    listener)."""
     N = ids.shape[0]
     S = min(slots, N)
     queue = Canvas.build(ids, mask, gen_length=loop.gen_length, block_length=loop.block_length,
@@ -99,6 +101,11 @@ def decode_slots(denoiser: Denoiser, ids: Int[Array, "N P"], mask: Bool[Array, "
                                                  cache=st.rule.cache), rng, loop=loop, special=special)
         # A row that used up its passes (a rule that revokes, at max_passes) stops as it would alone.
         state = state._replace(done=state.done | (state.nfe >= bound))
+        if report:  # rows still holding a prompt that are done now finished in this pass: told when there are any,
+            # and the pass count every progress.EVERY passes (a host callback costs ~0.1 ms: not every pass)
+            finished = jnp.sum(state.done & (st.prompt >= 0), dtype=jnp.int32)
+            jax.lax.cond((finished > 0) | (state.passes % progress.EVERY == 0),
+                         lambda: jax.debug.callback(progress.report, finished, state.passes), lambda: None)
         st = hand_over(st._replace(loop=state))
 
         # Free slots take the next prompts, in slot order.

@@ -96,6 +96,7 @@ class DataModelMesh(_OnDataModelMesh):
     """Rows split over the mesh's "data" axis, one decode loop per data shard; weights split over "model"."""
 
     kind = "decode/mesh"
+    local = False  # the mesh may span processes
 
     def place(self, denoiser, ids, mask, key, rule, draws):
         denoiser = denoiser.replace(params=_params_on(denoiser.params, self.mesh))

@@ -5,6 +5,7 @@ choose here, so every way to run a generation is one `decode.run` with a placeme
 
 from __future__ import annotations
 
+import jax
 from jax.sharding import Mesh
 
 from localleap_jax.decode import OneDevice, Placement
@@ -29,7 +30,13 @@ def decode_placement(mesh=None, devices=None) -> Placement:
     if mesh is not None:
         return DataModelMesh(_check_mesh(mesh))
     if devices is not None:
-        devices = tuple(devices)
+        try:
+            devices = tuple(devices)
+        except TypeError:
+            devices = None
+        if not devices or not all(isinstance(d, jax.Device) for d in devices):
+            raise DecodeError("devices must be a non-empty list of local JAX devices (jax.local_devices()), or None "
+                              "(one device)")
         return Replicated(devices) if len(devices) > 1 else OneDevice()
     return OneDevice()
 

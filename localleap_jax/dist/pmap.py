@@ -35,6 +35,7 @@ class Replicated:
 
     devices: tuple
     kind = "decode/pmap"
+    local = True  # this process's devices
 
     def rows(self, batch):
         return -(-batch // len(self.devices)) * len(self.devices)

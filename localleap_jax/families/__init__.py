@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 
 from localleap_jax.config import ModelConfig
 from localleap_jax.errors import ConfigError
-from localleap_jax.families.target import Target, by_hf_name
+from localleap_jax.families.target import Target, by_hf_name, parts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +67,10 @@ class Family:
     # Name prefixes of HF tensors the network does not use, which the converter skips (DiffusionGemma's vision
     # tower: this package runs its text model only).
     ignored_tensors: tuple[str, ...] = ()
+    # HF tensors tied to another one that an export without de-duplication also writes (`tied_copies(config)` ->
+    # {copy name: its source's name}; DiffusionGemma's encoder, tied to its decoder). A tied head's lm_head.weight is
+    # every family's already (`families.tied_copies`). The converter accepts a copy equal to its source.
+    tied_copies: Callable[[ModelConfig], dict[str, str]] | None = None
     # Likelihood: the family's own Monte-Carlo estimator ("llada" | "dream"), or None with the reason it is refused;
     # how text becomes (context, continuation) ids: LLaDA's split, or Dream's with EOS appended to the whole (context
     # its estimator never masks).
@@ -145,6 +149,22 @@ def tensor_map(config: ModelConfig) -> dict[str, Target]:
     return family_of(config).tensor_map(config)
 
 
+def tied_copies(config: ModelConfig) -> dict[str, str]:
+    """The HF tensors a checkpoint may also hold as copies of a tensor it is tied to, each with its source's name: a
+    tied head's lm_head.weight (the embedding), and the family's own (`Family.tied_copies`). None of them is read:
+    the network reads the source."""
+    targets = tensor_map(config)
+    out = {}
+    if config.tie_word_embeddings:
+        embedding = [n for n, e in targets.items() if parts(e)[0].path == ("wte", "embedding")]
+        if len(embedding) == 1:
+            out["lm_head.weight"] = embedding[0]
+    own = family_of(config).tied_copies
+    if own is not None:
+        out |= own(config)
+    return {copy: source for copy, source in out.items() if copy not in targets and source in targets}
+
+
 def hf_tensors(params: Any, config: ModelConfig) -> dict[str, Any]:
     """The family's HF-named tensors ([out, in] like PyTorch) from a Flax tree in either layout (for the PyTorch
     references)."""
@@ -196,5 +216,5 @@ def make_tokenizer(family: str, texts, vocab_size: int = 512):
 
 
 __all__ = ["FAMILIES", "Family", "Target", "decoding_params", "denoiser_of", "detect", "family_of", "hf_tensors",
-           "init_params", "make_tokenizer", "stacked_params",
-           "read_config", "read_config_file", "tensor_map", "write_config"]
+           "init_params", "make_tokenizer", "read_config", "read_config_file", "stacked_params", "tensor_map",
+           "tied_copies", "write_config"]

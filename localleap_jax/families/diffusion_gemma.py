@@ -290,6 +290,21 @@ def _ids(value: Any, key: str) -> tuple[int, ...]:
     return tuple(values)
 
 
+def end_ids(cfg: Mapping[str, Any]) -> tuple[int, ...]:
+    """Every id that ends a row, the EOS first: text_config.eos_token_id, then config.json's top-level eos_token_id and
+    its generation_config's (transformers' generate stops at any of them: the release lists [1, 106, 50], <eos>, the
+    end of a turn and 50, where text_config says 1 alone)."""
+    text = _text_config(cfg)
+    ids = list(_ids(text.get("eos_token_id", 1), "text_config.eos_token_id"))
+    generation = cfg.get("generation_config")
+    for key, value in (("eos_token_id", cfg.get("eos_token_id")),
+                       ("generation_config.eos_token_id",
+                        generation.get("eos_token_id") if isinstance(generation, Mapping) else None)):
+        if value is not None:
+            ids += [i for i in _ids(value, key) if i not in ids]
+    return tuple(ids)
+
+
 def read(cfg: Mapping[str, Any]) -> ModelConfig:
     text = _text_config(cfg)
     bad = []
@@ -329,7 +344,7 @@ def read(cfg: Mapping[str, Any]) -> ModelConfig:
         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
     if not isinstance(rope, Mapping) or set(rope) - set(KINDS):
         raise ConfigError("config.json rope_parameters must map 'sliding_attention' / 'full_attention' to their RoPE")
-    eos = _ids(text.get("eos_token_id", 1), "eos_token_id")
+    eos = end_ids(cfg)
     pad = whole(text, "pad_token_id", default=0, minimum=0)
     images = tuple(whole(cfg, key, default=d, minimum=0)
                    for key, d in (("image_token_id", 258_880), ("boi_token_id", 255_999), ("eoi_token_id", 258_882)))
@@ -383,12 +398,24 @@ def write(c: ModelConfig) -> dict[str, Any]:
         "moe_intermediate_size": a.moe_intermediate_size}
     return {"architectures": ["DiffusionGemmaForBlockDiffusion"], "model_type": "diffusion_gemma",
             "text_config": text, "canvas_length": c.canvas_length, "tie_word_embeddings": True,
+            "eos_token_id": text["eos_token_id"],
             "image_token_id": image, "boi_token_id": boi, "eoi_token_id": eoi, "mask_token_id": c.mask_token_id}
 
 
 def complete_config(src: Path, hf_config: dict) -> dict:
-    """The (unused) mask id: the tokenizer's <mask> when it has one, so the converted config.json states it."""
+    """The ids that end a row from the source's generation_config.json too (what transformers' generate stops at),
+    written into config.json's top-level eos_token_id; and the (unused) mask id: the tokenizer's <mask> when it has
+    one. So the converted config.json states both."""
     out = dict(hf_config)
+    generation = src / "generation_config.json"
+    if generation.exists():
+        try:
+            stops = json.loads(generation.read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError) as e:
+            raise ConfigError(f"{generation} cannot be read as a JSON object ({type(e).__name__})") from None
+        if stops is not None:
+            top = list(_ids(out["eos_token_id"], "eos_token_id")) if out.get("eos_token_id") is not None else []
+            out["eos_token_id"] = top + [i for i in _ids(stops, "generation_config.json eos_token_id") if i not in top]
     if out.get("mask_token_id") is None and (src / "tokenizer.json").exists():
         found = added_token_id(src / "tokenizer.json", MASK_TOKEN)
         if found is None:
@@ -486,6 +513,16 @@ def tensor_map(config: ModelConfig) -> dict[str, Target | tuple[Target, ...]]:
         m[f"{pre}layer_scalar"] = Target((kind, "layer_scalar"), j, False)
         m[f"model.encoder.language_model.layers.{i}.layer_scalar"] = Target((kind, "encoder_layer_scalar"), j, False)
     return m
+
+
+def tied_copies(config: ModelConfig) -> dict[str, str]:
+    """The encoder's weights, tied to the decoder's (transformers' `_tied_weights_keys`: every weight, scale and expert
+    tensor of the layers, the norm and the embedding; not the encoder's own layer_scalar buffers): an export without
+    de-duplication writes them under model.encoder.language_model.*. {copy: source}."""
+    decoder, encoder = "model.decoder.", "model.encoder.language_model."
+    return {encoder + name[len(decoder):]: name for name in tensor_map(config)
+            if name.startswith(decoder) and not name.startswith(decoder + "self_conditioning.")
+            and not name.endswith(".layer_scalar")}
 
 
 # ---------------------------------------------------------------- the network's pieces
@@ -771,9 +808,10 @@ def decoder_logits(params: dict, ids: Int[Array, "B L"], mask: Bool[Array, "B L"
                    config: ModelConfig, sc_logits: Float[Array, "B C V"] | None = None) -> Float[Array, "B C V"]:
     """Encode ids (left-padded; mask True on real tokens), then the decoder over canvas: softcapped logits
     [B, C, V]. sc_logits: the previous step's temperature-scaled logits (transformers' self_conditioning_logits);
-    None on the first step."""
+    None on the first step. The prompt must be text (no image tokens); the canvas may hold any id of the vocabulary:
+    it is noise (transformers' initial canvas draws uniformly over all of it, image ids included)."""
     check_text_only(ids, config)
-    check_text_only(canvas, config)
+    check_canvas_ids(canvas, config)
     ids, mask = jnp.asarray(ids), jnp.asarray(mask)
     cache = init_cache(config, ids.shape[0], ids.shape[1], params["wte"]["embedding"].dtype)
     _, cache = encode_into(params, cache, ids, mask, config)
@@ -789,6 +827,15 @@ def check_text_only(ids: Any, config: ModelConfig) -> None:
     if np.isin(np.asarray(ids), images).any():
         raise DecodeError(f"the ids hold image tokens ({', '.join(map(str, images))}): DiffusionGemma runs here "
                           "as a text model (its vision tower is not supported)")
+
+
+def check_canvas_ids(canvas: Any, config: ModelConfig) -> None:
+    """A canvas holds ids of the vocabulary (any of them), for ids known on the host."""
+    if isinstance(canvas, jax.core.Tracer):
+        return
+    canvas = np.asarray(canvas)
+    if canvas.size and (canvas.min() < 0 or canvas.max() >= config.vocab_size):
+        raise DecodeError(f"the canvas holds ids outside [0, {config.vocab_size}) (the vocabulary)")
 
 
 # ---------------------------------------------------------------- the sampler's deterministic pieces
@@ -888,7 +935,7 @@ FAMILY = Family(
     name="diffusion_gemma", title="DiffusionGemma", model_types=("diffusion_gemma",),
     architectures=("DiffusionGemma",), read=read, write=write, tensor_map=tensor_map, mask_token=MASK_TOKEN,
     init_params=init_params, denoiser=denoiser, decoding_params=decoding_params, stacked_params=stacked_params,
-    complete_config=complete_config,
+    complete_config=complete_config, tied_copies=tied_copies,
     ignored_tensors=("model.encoder.vision_tower.", "model.encoder.embed_vision."),
     likelihood=None, likelihood_refusal="likelihood of DiffusionGemma is not served: a uniform-noise canvas model "
     "has no masked-token estimator (and its authors publish none)",

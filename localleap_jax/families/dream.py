@@ -11,7 +11,6 @@ pairs (EOS appended to the whole string, never masked).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Mapping
 
 from localleap_jax.config import ModelConfig
@@ -40,19 +39,8 @@ def write(c: ModelConfig) -> dict[str, Any]:
             "tie_word_embeddings": False, "attention_bias": c.qkv_bias}
 
 
-def build_tokenizer(src: Path, workdir: Path) -> bool:
-    """tokenizer.json in `workdir` from Dream's vocab.json + merges.txt + tokenizer_config.json (False: the source
-    has no such files)."""
-    if not ((src / "vocab.json").exists() and (src / "merges.txt").exists()):
-        return False
-    from localleap_jax.tokenizer import save_qwen2_fast_tokenizer
-
-    save_qwen2_fast_tokenizer(src, workdir)
-    return True
-
-
 FAMILY = Family(
     name="dream", title="Dream", model_types=("dream",), architectures=("Dream",),
     read=read, write=write, tensor_map=qwen.tensor_map, mask_token=MASK_TOKEN, chat_format="chatml",
-    build_tokenizer=build_tokenizer, slow_tokenizer_files="Dream's vocab.json + merges.txt",
+    build_tokenizer=qwen.build_slow_tokenizer, slow_tokenizer_files="Dream's vocab.json + merges.txt",
     likelihood="dream", pairs_end_with_eos=True)

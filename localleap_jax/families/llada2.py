@@ -167,8 +167,8 @@ def moe_tensors(arch: MoELayers, stack: str, j: int, *, gate: str, bias: str, ex
 def complete_config(src: Path, hf_config: dict) -> dict:
     """The mask and EOS ids (the tokenizer's <|mask|> and <|endoftext|>, also pad), which config.json lacks."""
     out = dict(hf_config)
-    fill_token_id(out, "mask_token_id", src, MASK_TOKEN)
-    fill_token_id(out, "eos_token_id", src, EOS_TOKEN)
+    fill_token_id(out, "mask_token_id", src, MASK_TOKEN, role="mask_token")
+    fill_token_id(out, "eos_token_id", src, EOS_TOKEN, role="eos_token")
     out.setdefault("pad_token_id", out["eos_token_id"])
     return out
 

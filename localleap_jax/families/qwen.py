@@ -1,10 +1,12 @@
-"""What the Qwen2/Qwen3-style families (Dream, SDAR) share: their config.json keys and their tensor names.
+"""What the Qwen2/Qwen3-style families (Dream, SDAR, Fast-dLLM v2) share: their config.json keys, their tensor names
+and their tokenizer (a Qwen2 byte-level BPE, released as a fast tokenizer.json, the slow files, or both).
 
 Not a family: the family files read and write their own config.json with these pieces.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping
 
 from localleap_jax.config import ModelConfig
@@ -107,3 +109,18 @@ def tensor_map(config: ModelConfig) -> dict[str, Target]:
         if config.qkv_bias:
             out |= {f"{layer}{hf}.bias": Target(("blocks", LINEAR[hf], "bias"), i, False) for hf in QKV}
     return out
+
+
+SLOW_TOKENIZER_FILES = "the Qwen2 tokenizer's vocab.json + merges.txt"
+
+
+def build_slow_tokenizer(src: Path, workdir: Path) -> bool:
+    """tokenizer.json in `workdir` from the source's slow Qwen2 files, vocab.json + merges.txt + tokenizer_config.json
+    (its added tokens and chat template), with transformers' own Qwen2 class: no remote code runs. False: the source
+    has no such files."""
+    if not ((src / "vocab.json").exists() and (src / "merges.txt").exists()):
+        return False
+    from localleap_jax.tokenizer import save_qwen2_fast_tokenizer
+
+    save_qwen2_fast_tokenizer(src, workdir)
+    return True

@@ -1,5 +1,6 @@
-"""The output directory: checked before anything is created, held by one run at a time, removed when a run
-produced nothing, and its result files replaced whole."""
+"""The output directory: checked before anything is created, held by one run at a time (every command that writes
+one: eval_gsm8k, sweep, eval_likelihood, analyze_dynamics), removed when a run produced nothing, and its result
+files replaced whole."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import os
 import shutil
 import socket
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from localleap_jax import cli
 from localleap_jax.errors import UserError
+from localleap_jax.hashing import sha256_json
 from localleap_jax.gsm8k.progress import Progress
 
 
@@ -25,13 +29,19 @@ def check_output(out: Path) -> None:
     cli.check_writable_dir(out, "--output")
 
 
-def default_output(parent: Path, checkpoint: Path, manifest: dict | None = None, prefix: str = "") -> Path:
-    """PARENT/<prefix><checkpoint's name>-<8 hex>: the hex is the weights' fingerprint (manifest.json), or the
-    resolved path's hash where there is none, so two checkpoints of one basename (runs/a/model, runs/b/model)
-    never share a default --output, while the same weights copied elsewhere resume from theirs."""
+def default_output(parent: Path, checkpoint: Path, manifest: dict | None = None, prefix: str = "",
+                   run: dict | None = None) -> Path:
+    """PARENT/<prefix><checkpoint's name>-<8 hex>[-<8 hex>]: the first hex is the weights' fingerprint (manifest.json),
+    or the resolved path's hash where there is none, so two checkpoints of one basename (runs/a/model, runs/b/model)
+    never share a default --output, while the same weights copied elsewhere resume from theirs; the second, given
+    `run` (what the run's results depend on), is its digest, so runs that would give other results (other
+    strategies, other data) never replace each other's summary."""
     resolved = Path(checkpoint).expanduser().resolve()
     tag = (manifest or {}).get("params_fingerprint") or hashlib.sha256(str(resolved).encode()).hexdigest()
-    return parent / f"{prefix}{resolved.name}-{str(tag)[:8]}"
+    name = f"{prefix}{resolved.name}-{str(tag)[:8]}"
+    if run is not None:
+        name += f"-{sha256_json(run)[:8]}"
+    return parent / name
 
 
 class OutputDir:
@@ -58,7 +68,7 @@ class OutputDir:
                 except BlockingIOError:
                     holder = self._holder(fd)
                     os.close(fd)
-                    raise UserError(f"--output {self.path} is in use by another eval ({holder}); wait for it to "
+                    raise UserError(f"--output {self.path} is in use by another run ({holder}); wait for it to "
                                     "finish or choose another --output") from None
                 if self.lock.exists() and os.stat(self.lock).st_ino == os.fstat(fd).st_ino:
                     break
@@ -100,23 +110,45 @@ class OutputDir:
 
 
 @contextmanager
-def holding(out: Path, progress: Progress):
-    """Hold OUT for this run (a second run into it is refused); on the way out let go of it, and remove it
-    if the run produced nothing (an error or Ctrl-C before the first answer leaves nothing behind)."""
+def held_output(out: Path, produced: Callable[[], bool], discarded: Callable[[], None] = lambda: None
+                ) -> Iterator[OutputDir]:
+    """Hold OUT for this run (a second run into it is refused, whichever command it is); on the way out let go of
+    it, and remove it if this run created it and `produced()` says nothing was made (an error or Ctrl-C before the
+    first result leaves nothing behind; `discarded()` is then called). The same happens when the program is ended
+    by its watchdog (a Ctrl-C while a compiled call runs: `cli.if_abandoned`)."""
     claim = OutputDir(out)
     note = claim.claim()
     if note:
         print(f"note: {note}", file=sys.stderr)
-    progress.out = out
-    finished = False
+    state = {"finished": False, "let_go": False}
+    lock = threading.Lock()
+
+    def let_go() -> None:  # once, from whichever thread comes first (the run's own or the watchdog's)
+        with lock:
+            if state["let_go"]:
+                return
+            state["let_go"] = True
+            claim.release()
+            if not state["finished"] and not produced():
+                claim.discard()
+                if claim.created is not None:
+                    discarded()
+
     try:
-        yield
-        finished = True
+        with cli.if_abandoned(let_go):
+            yield claim
+        state["finished"] = True
     finally:
-        claim.release()
-        if not finished and progress.answers == 0:
-            claim.discard()
-            progress.discarded = claim.created is not None
+        let_go()
+
+
+@contextmanager
+def holding(out: Path, progress: Progress):
+    """`held_output` for an evaluation: what it produced is `progress`'s answers; `progress` learns whether OUT
+    was removed (what the interrupted line says)."""
+    progress.out = out
+    with held_output(out, lambda: progress.answers > 0, lambda: setattr(progress, "discarded", True)):
+        yield
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -41,6 +41,9 @@ class LikelihoodConfig:
     sampling_eps: float = 1e-3
     requests_per_call: int = 4
 
+    def __post_init__(self):
+        self.validate()  # settings are checked when made: one line here, not inside loglikelihood
+
     def validate(self) -> "LikelihoodConfig":
         bad = []
         for name in ("mc_num", "batch_size", "requests_per_call"):

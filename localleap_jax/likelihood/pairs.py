@@ -8,6 +8,7 @@ string (its estimator never masks that last token, it only conditions on it).
 
 from __future__ import annotations
 
+from localleap_jax.errors import LikelihoodError, PromptTypeError
 from localleap_jax.families import FAMILIES, family_of
 
 
@@ -21,12 +22,15 @@ def encode_pair(model_or_tokenizer, context: str, continuation: str, family: str
     tokenizer = model_or_tokenizer.tokenizer if config is not None else model_or_tokenizer
     family = family or (config.family if config is not None else "llada")
     if family not in FAMILIES:
-        raise ValueError(f"encode_pair: family must be one of {', '.join(FAMILIES)}, got {family!r}")
+        raise LikelihoodError(f"encode_pair: family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    if not hasattr(tokenizer, "hf") and not callable(getattr(tokenizer, "encode", None)):
+        raise LikelihoodError(f"encode_pair takes an ll.Model or its tokenizer (model.tokenizer), got "
+                              f"{type(model_or_tokenizer).__name__}")
     dream = family_of(family).pairs_end_with_eos
     hf = getattr(tokenizer, "hf", tokenizer)
     if not isinstance(context, str) or not isinstance(continuation, str):
-        raise TypeError(f"encode_pair takes two strings, got {type(context).__name__} and "
-                        f"{type(continuation).__name__}")
+        raise PromptTypeError(f"encode_pair takes two strings, got {type(context).__name__} and "
+                              f"{type(continuation).__name__}")
     if dream and add_bos_token and hf.bos_token:
         context = hf.bos_token + context
     spaces = len(context) - len(context.rstrip())

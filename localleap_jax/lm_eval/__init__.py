@@ -25,16 +25,17 @@ from localleap_jax.lm_eval.args import (ADAPTER_ARGS, PYTHON_ONLY_ARGS, ModelArg
 from localleap_jax.lm_eval.cli import USER_ERRORS, check_checkpoint, main, preflight
 from localleap_jax.lm_eval.devices import follow, join_and_mesh, processes_of
 from localleap_jax.lm_eval.identity import (CACHE_OWNER, ENCODING_FILES, CacheMismatchError, answers_key,
-                                            claim_cache, decode_settings, forget_missing_answers, key_digest,
-                                            rows_interact, tokenizer_fingerprint, weights_fingerprint)
+                                            check_response_cache, claim_cache, decode_settings,
+                                            forget_missing_answers, key_digest, response_cache_file, rows_interact,
+                                            tokenizer_fingerprint, weights_fingerprint)
 from localleap_jax.lm_eval.model import LocalLeapLM
 from localleap_jax.lm_eval.prompts import Prompt, PromptTooLongError, cut_at_until, fewshot_spans, fit, fit_all
 from localleap_jax.lm_eval.stats import append_stats, check_writable, open_stats, pair_key, prompt_key, read_stats
 
 __all__ = ["ADAPTER_ARGS", "CACHE_OWNER", "CacheMismatchError", "ENCODING_FILES", "LocalLeapLM", "ModelArgsError",
            "PYTHON_ONLY_ARGS", "Prompt", "PromptTooLongError", "USER_ERRORS", "answers_key", "append_stats",
-           "check_checkpoint", "check_gen_length", "check_writable", "claim_cache", "cut_at_until", "decode_settings",
+           "check_checkpoint", "check_gen_length", "check_response_cache", "check_writable", "claim_cache", "cut_at_until", "decode_settings",
            "default_dtype", "fewshot_spans", "fit", "fit_all", "follow", "forget_missing_answers", "join_and_mesh",
            "key_digest", "main", "open_stats", "pair_key", "parse_model_args", "preflight", "processes_of",
-           "prompt_key", "read_stats", "refuse_python_only", "rows_interact", "tokenizer_fingerprint",
+           "prompt_key", "read_stats", "refuse_python_only", "response_cache_file", "rows_interact", "tokenizer_fingerprint",
            "weights_fingerprint"]

@@ -2,6 +2,10 @@
 
 import sys
 
-from localleap_jax.lm_eval.cli import main
+from localleap_jax import cli
+
+cli.guard_startup()  # a Ctrl-C while lm-eval, JAX and transformers load: one line, exit 130
+
+from localleap_jax.lm_eval.cli import main  # noqa: E402
 
 sys.exit(main())

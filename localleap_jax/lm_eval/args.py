@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from localleap_jax.cli import DEFAULT_CHECKPOINT
+from localleap_jax.cli import DEFAULT_CHECKPOINT, DTYPES
 from localleap_jax.errors import ModelArgsError
 from localleap_jax.decode import DecodeConfig, DecodeError, check_room, model_canvas
 from localleap_jax.decode.cache import CACHES
@@ -90,8 +90,8 @@ def _as_batch_size(value) -> int:
 
 
 def _as_dtype(value) -> str:
-    if value not in ("auto", "bfloat16", "float16", "float32"):
-        raise ValueError(f"expected auto, bfloat16, float16 or float32, got {value!r}")
+    if value not in DTYPES:  # the command lines' --dtype choices (float16: XLA's CPU backend cannot run it)
+        raise ValueError(f"expected {', '.join(DTYPES[:-1])} or {DTYPES[-1]}, got {value!r}")
     return value
 
 
@@ -250,6 +250,7 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
     if problems:
         raise ModelArgsError("; ".join(problems))
     settings = {name: settings.get(name, default) for name, (_, default) in ADAPTER_ARGS.items()}
+    check_batching(settings["batch_size"], settings["slots"], settings["queue"])
     try:
         settings["likelihood"] = likelihood_config(settings)
     except LikelihoodError as e:
@@ -261,15 +262,33 @@ def parse_model_args(given: dict[str, Any]) -> tuple[dict[str, Any], DecodeConfi
         name, spec_settings = parse_spec(decode["cache"])
         decode["cache"] = make_spec(name, {**spec_settings, **cache_extra})
     try:
-        # Without a block_length or gen_length the model decides them (a block-diffusion model's block, a canvas
-        # model's canvases): `fit_to_model` checks the canvas once the model is known.
+        # The canvas depends on the model, not known here: without a block_length or gen_length the model decides them
+        # (a block-diffusion model's block, a canvas model's canvases), and given both, a block-diffusion model takes a
+        # gen_length off its block (a bidirectional one does not). `fit_to_model` checks the canvas with the model
+        # (from config.json, before any weight is read).
         rule = with_shared_settings(decode.pop("strategy", DecodeConfig.strategy), **shared)
-        cfg = DecodeConfig(strategy=rule, **decode).validate(canvas={"block_length", "gen_length"} <= set(decode))
+        cfg = DecodeConfig(strategy=rule, **decode).validate(canvas=False)
     except DecodeError as e:
         unknown = str(e).startswith("unknown strategy")
         hint = "; a rule of your own: model_args rules=path/to/myrules.py" if unknown else ""
         raise ModelArgsError(f"model_args: {e}{hint}") from None
     return settings, cfg
+
+
+def check_batching(batch_size: int, slots: int | None, queue: int | None,
+                   names: tuple[str, str, str] = ("model_args batch_size", "model_args slots", "model_args queue")
+                   ) -> tuple[int, int]:
+    """(slots, queue): the rows the loop holds (default: batch_size) and the prompts per compiled call (default:
+    4 x slots; equal to slots: fixed batches). A queue shorter than the slots would leave slots idle in every call:
+    refused (ModelArgsError), `names` naming the settings as the caller's user gave them."""
+    held = slots or batch_size
+    if queue is not None and queue < held:
+        b, s, q = names
+        rows = f"{s} {held}" if slots else f"{b} {held} (the rows held without {s})"
+        raise ModelArgsError(f"{q} {queue} is below {rows}: every compiled call would hold {held} rows for {queue} "
+                             f"prompts, {held - queue} of them idle; give {q} >= {held} (equal: fixed batches; the "
+                             f"default, 4 x the rows held, keeps them busy)")
+    return held, (queue if queue is not None else 4 * held)
 
 
 def load_model_args_rules(given) -> list[str]:

@@ -18,7 +18,7 @@ from localleap_jax.errors import LocalLeapError, UserError
 from localleap_jax.lm_eval.args import (ModelArgsError, check_gen_length, fit_to_model, parse_model_args,
                                        refuse_python_only)
 from localleap_jax.lm_eval.devices import follow, join_and_mesh, processes_of
-from localleap_jax.lm_eval.identity import CacheMismatchError
+from localleap_jax.lm_eval.identity import CacheMismatchError, check_response_cache, response_cache_file
 from localleap_jax.lm_eval.prompts import PromptTooLongError
 from localleap_jax.lm_eval.stats import check_writable
 from localleap_jax.likelihood import LikelihoodError
@@ -134,8 +134,11 @@ def check_outputs(args) -> None:
 
 
 def evaluate(harness, args, settings: dict) -> int:
-    """lm-eval's run, on process 0 (or the only process); a task whose data cannot be fetched: one line."""
+    """lm-eval's run, on process 0 (or the only process); a task lm-eval does not know, or whose data cannot be
+    fetched: one line."""
     check_outputs(args)
+    if getattr(args, "use_cache", None):  # a damaged file: one line naming it, before lm-eval's writer thread fails
+        check_response_cache(response_cache_file(args.use_cache))
     try:
         if settings:
             join_and_mesh(settings)  # a mesh the devices cannot hold is refused now, not after lm-eval's indexing
@@ -143,6 +146,12 @@ def evaluate(harness, args, settings: dict) -> int:
             harness.execute(args)
     except LocalLeapError:
         raise
+    except ValueError as e:  # lm-eval's "Tasks not found: a, b"
+        if not str(e).startswith(TASKS_NOT_FOUND):
+            raise
+        missing = str(e)[len(TASKS_NOT_FOUND):].strip()
+        raise UserError(f"lm-eval knows no task {missing}: `python -m localleap_jax.lm_eval ls tasks` lists them, "
+                        "and --include_path DIR adds tasks of your own (YAML files)") from None
     except Exception as e:  # a task whose data lm-eval cannot fetch: one line saying what to do instead
         cause = unreachable_data(e)
         if cause is None:
@@ -151,8 +160,12 @@ def evaluate(harness, args, settings: dict) -> int:
     return 0
 
 
+TASKS_NOT_FOUND = "Tasks not found:"  # lm-eval's message for --tasks it cannot match
+
+
 def interrupted(args, why: str) -> str:
     cache = getattr(args, "use_cache", None)
-    kept = (f"answers finished so far are kept in the response cache {cache}*; rerun the same command to resume"
-            if cache else "nothing was kept (pass --use_cache PATH to make a run resumable)")
+    kept = (f"the answers and scores finished so far are kept in the response cache "
+            f"{response_cache_file(Path(cache).expanduser().resolve())}; rerun the same command to resume" if cache else
+            "nothing was kept (pass --use_cache PATH to make a run resumable)")
     return f"interrupted ({why}): {kept}"

@@ -4,6 +4,7 @@ another model or setting are never reused."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -120,6 +121,30 @@ def claim_cache(db, key: dict) -> None:
     elif found != key:
         raise CacheMismatchError(f"the response cache {getattr(db, 'filename', '')} holds answers of another setup "
                                  f"({', '.join(_differences(found, key))} differ); use another --use_cache path")
+
+
+def response_cache_file(prefix: str | Path, rank: int = 0) -> Path:
+    """The file lm-eval keeps a response cache in for `use_cache=prefix` (its rank's)."""
+    return Path(f"{prefix}_rank{rank}.db")
+
+
+def check_response_cache(path: str | Path) -> None:
+    """Refuse, in one line naming it, a response cache file SQLite cannot read whole (a truncated or overwritten
+    file): lm-eval's cache writer would fail in a thread of its own, with a traceback and no file named. A missing
+    file is fine (lm-eval creates it)."""
+    import sqlite3
+
+    path = Path(path)
+    if not path.is_file():
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
+            verdict = conn.execute("PRAGMA quick_check").fetchone()
+    except sqlite3.DatabaseError as e:
+        verdict = (f"sqlite3.{type(e).__name__}: {e}",)
+    if verdict != ("ok",):
+        raise CacheMismatchError(f"the response cache {path} is damaged ({verdict[0]}); delete it and rerun (the "
+                                 "answers it held are generated again)")
 
 
 def forget_missing_answers(db) -> int:

@@ -26,8 +26,10 @@ each prompt's place in it), and a task that asks to sample at a temperature is r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,14 +39,16 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
+from localleap_jax import cli
 from localleap_jax.api import generate
 from localleap_jax.checkpoint import Model
 from localleap_jax.compile_cache import enable_compilation_cache
 from localleap_jax.resolve import resolve_checkpoint
 from localleap_jax.decode import DecodeConfig, DecodeError
+from localleap_jax.decode.progress import rows_finished
 from localleap_jax.dist.multihost import leader
-from localleap_jax.lm_eval.args import (check_gen_length, default_dtype, fit_to_model, parse_model_args,
-                                       refuse_python_only)
+from localleap_jax.lm_eval.args import (check_batching, check_gen_length, default_dtype, fit_to_model,
+                                       parse_model_args, refuse_python_only)
 from localleap_jax.lm_eval.devices import join_and_mesh
 from localleap_jax.lm_eval.identity import answers_key, claim_cache, forget_missing_answers
 from localleap_jax.lm_eval.prompts import Prompt, cut_at_until, fit_all
@@ -54,7 +58,40 @@ from localleap_jax.likelihood import LikelihoodError, encode_pair
 from localleap_jax.tokenizer import cut_at_stop, left_pad
 
 
-LIKELIHOOD_CHUNK = 64  # likelihood requests scored between two cache writes (what an interrupted run keeps)
+# Likelihood requests are scored in chunks of this many compiled calls (LikelihoodConfig.requests_per_call requests
+# each), each chunk cached as it ends: what an interrupted run keeps.
+LIKELIHOOD_CHUNK_CALLS = 4
+
+
+class _Shown:
+    """One compiled call's rows on the progress bar: those the call reports as they finish, with the passes it has
+    run (`finished`, after every pass, on the runtime's thread: the bar moves within seconds, before any row is
+    done), then the rest once it returns (`rest`)."""
+
+    REDRAW_S = 0.5  # the pass count is redrawn at most this often
+
+    def __init__(self, bar, rows: int):
+        self.bar, self.rows, self.done, self.passes, self.drawn = bar, rows, 0, 0, 0.0
+
+    def finished(self, n: int, passes: int = 0) -> None:
+        n = min(n, self.rows - self.done)  # a data shard's padding rows finish too: never past the call's rows
+        self.done += n
+        if passes > self.passes:
+            self.passes = passes
+            now = time.monotonic()
+            redraw = now - self.drawn >= self.REDRAW_S and not n  # (an update below redraws anyway)
+            self.drawn = now if redraw or n else self.drawn
+            self.bar.set_postfix_str(f"pass {passes}", refresh=redraw)
+        if n:
+            self.bar.update(n)
+
+    def rest(self) -> None:
+        self.finished(self.rows - self.done)
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield
 
 
 @register_model("localleap")
@@ -72,8 +109,8 @@ class LocalLeapLM(LM):
         if settings["compile_cache"]:
             enable_compilation_cache()
         self.batch_size = settings["batch_size"]
-        self.slots = settings["slots"] or self.batch_size  # rows the loop holds at once
-        self.queue = max(settings["queue"] or 4 * self.slots, self.slots)  # prompts per compiled call
+        # the rows the loop holds at once, and the prompts per compiled call (refused when it would leave slots idle)
+        self.slots, self.queue = check_batching(self.batch_size, settings["slots"], settings["queue"])
         self.chat = settings["chat"]
         self.seed = settings["seed"]
         self.progress = settings["progress"]
@@ -115,6 +152,13 @@ class LocalLeapLM(LM):
         from lm_eval.utils import simple_parse_args_string
 
         return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @property
+    def batching(self) -> dict:
+        """How this instance lays out its compiled calls (what its timings depend on besides the model and rule);
+        each generated row's stats record it, so a row reused from an earlier run is known by its own."""
+        return {"batch_size": self.batch_size, "slots": self.slots, "queue": self.queue,
+                "devices": jax.local_device_count(), "mesh": None if self.mesh is None else dict(self.mesh.shape)}
 
     @property
     def answers_key(self) -> dict:
@@ -163,10 +207,12 @@ class LocalLeapLM(LM):
         pairs = [encode_pair(self.model.tokenizer, *r.args[:2], family=family, add_bos_token=self.add_bos_token)
                  for r in requests]
         keys = [pair_key(*r.args[:2]) for r in requests]
-        results = self._score(pairs, keys, "loglikelihood", disable_tqdm, with_greedy=self.check_greedy)
-        for r, result in zip(requests, results):
-            self.cache_hook.add_partial("loglikelihood", r.args, result)
-        return results
+
+        def cache(lo: int, chunk_results) -> None:  # each chunk as it is scored: an interrupted run keeps it
+            for r, result in zip(requests[lo:lo + len(chunk_results)], chunk_results):
+                self.cache_hook.add_partial("loglikelihood", r.args, result)
+
+        return self._score(pairs, keys, "loglikelihood", disable_tqdm, with_greedy=self.check_greedy, on_chunk=cache)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         if not requests:
@@ -188,12 +234,17 @@ class LocalLeapLM(LM):
                 pairs.append((list(context), list(continuation) + ([hf.eos_token_id] if ends_with_eos else [])))
                 keys.append(pair_key(r.args[0], f"rolling window {w}"))
                 owner.append(n)
-        scores = self._score(pairs, keys, "loglikelihood_rolling", disable_tqdm, with_greedy=False)
         totals = [0.0] * len(requests)
-        for n, (value, _) in zip(owner, scores):
-            totals[n] += value
-        for r, total in zip(requests, totals):
-            self.cache_hook.add_partial("loglikelihood_rolling", r.args, total)
+        windows_left = [owner.count(n) for n in range(len(requests))]
+
+        def cache(lo: int, chunk_results) -> None:  # a text once its last window is scored: an interrupted run keeps it
+            for n, (value, _) in zip(owner[lo:lo + len(chunk_results)], chunk_results):
+                totals[n] += value
+                windows_left[n] -= 1
+                if not windows_left[n]:
+                    self.cache_hook.add_partial("loglikelihood_rolling", requests[n].args, totals[n])
+
+        self._score(pairs, keys, "loglikelihood_rolling", disable_tqdm, with_greedy=False, on_chunk=cache)
         return totals
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
@@ -206,18 +257,23 @@ class LocalLeapLM(LM):
         bar = tqdm(total=len(requests), desc=f"generate [{self.cfg.rule.spec()}]", dynamic_ncols=True,
                    disable=disable_tqdm or not self.progress)
         try:  # closed however the loop ends, so an interrupted run's last line is not a stray bar
-            for start in range(0, len(order), self.queue):
-                batch = order[start:start + self.queue]
-                results_of_batch, stats_rows = self._generate_batch(requests, prompts, batch, start)
-                self._append_stats(stats_rows)  # stats first: an answer is cached only once its stats are on disk
-                for i, text in zip(batch, results_of_batch):
-                    results[i] = text
-                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
-                self.rows_generated += len(batch)
-                if self.on_batch is not None:
-                    self.on_batch([requests[i] for i in batch], results_of_batch, stats_rows)
-                bar.update(len(batch))
-                bar.set_postfix(**self._running_totals(), **(getattr(self.on_batch, "postfix", None) or {}))
+            # A Ctrl-C stops the work between two compiled calls, each call's answers cached (cli: a call that does
+            # not end within seconds is abandoned, what was cached kept).
+            with cli.stopping_between_steps():
+                for start in range(0, len(order), self.queue):
+                    cli.stop_if_asked()
+                    batch = order[start:start + self.queue]
+                    shown = _Shown(bar, len(batch))  # a queue's rows move the bar as they finish, inside the call
+                    results_of_batch, stats_rows = self._generate_batch(requests, prompts, batch, start, shown)
+                    self._append_stats(stats_rows)  # stats first: an answer is cached only once its stats are on disk
+                    for i, text in zip(batch, results_of_batch):
+                        results[i] = text
+                        self.cache_hook.add_partial("generate_until", requests[i].args, text)
+                    self.rows_generated += len(batch)
+                    if self.on_batch is not None:
+                        self.on_batch([requests[i] for i in batch], results_of_batch, stats_rows)
+                    shown.rest()
+                    bar.set_postfix(**self._running_totals(), **(getattr(self.on_batch, "postfix", None) or {}))
         finally:
             bar.close()
         unanswered = [i for i, text in enumerate(results) if not isinstance(text, str)]
@@ -227,28 +283,33 @@ class LocalLeapLM(LM):
 
     # ---------------------------------------------------------------- helpers
 
-    def _generate_batch(self, requests, prompts: list[Prompt], batch: list[int], start: int
+    def _generate_batch(self, requests, prompts: list[Prompt], batch: list[int], start: int, shown=None
                         ) -> tuple[list[str], list[dict]]:
         """Answers (cut at `until`) and stats rows of one compiled call's requests: a fixed batch, or a queue
         through `slots` rows (continuous batching)."""
         tok = self.model.tokenizer
         cfg = self._config_for(requests[batch[0]].args[1])
         fixed = self.queue <= self.slots
-        # A short last batch is filled up with copies of its last row, so it runs the program the full batches
-        # compiled (a second compile costs more than the filler rows: a copy decodes exactly as its original,
-        # so the loop takes no extra step); the copies' answers are dropped. A queue is not: each copy would take
-        # a slot's passes of its own.
-        filled = batch + [batch[-1]] * (self.batch_size - len(batch)) if fixed else batch
+        # A short last batch is filled up to the rows the loop holds with copies of its last row, so it runs the
+        # program the full batches compiled (a second compile costs more than the filler rows: a copy decodes exactly
+        # as its original, so the loop takes no extra step); the copies' answers are dropped. A queue is not: each
+        # copy would take a slot's passes of its own.
+        filled = batch + [batch[-1]] * (self.slots - len(batch)) if fixed else batch
         ids, mask = left_pad([prompts[i].ids for i in filled], tok.pad_id)
         rng = jax.random.fold_in(self.rng, start)
         slots = None if fixed else self.slots
         if self.mesh is None:  # one process: a full copy of the weights on each local device
-            out = generate(self.model, ids, mask, cfg, rng, devices=jax.local_devices(), slots=slots)
+            # With a progress bar, a queue's call reports its rows as they finish (decode/progress.py: a host
+            # callback per pass; such a program is not kept in JAX's persistent cache, so model_args
+            # progress=false runs the cached one).
+            reporting = rows_finished(shown.finished) if shown is not None and slots and not shown.bar.disable else None
+            with reporting or _nothing():
+                out = generate(self.model, ids, mask, cfg, rng, devices=jax.local_devices(), slots=slots)
         else:  # every process at once, the batch split over "data", the weights over "model"
             out = leader().generate(self.model, ids, mask, cfg, rng, mesh=self.mesh, slots=slots)
         self.model_calls += 1
         generated = out.tokens[:len(batch), out.prompt_length:]
-        texts = tok.decode_generated(generated)
+        texts = tok.decode_generated(generated, prompt_length=0)
         answers, rows = [], []
         for j, i in enumerate(batch):
             context, gen_kwargs = requests[i].args
@@ -264,7 +325,7 @@ class LocalLeapLM(LM):
                    "compile_seconds": out.compile_seconds if j == 0 else 0.0, "batch_size": len(batch),
                    # the call's forward passes and rows held, shared out over its requests: summed over rows they
                    # give the run's passes and (with NFE) its occupancy, whatever the calls were
-                   "passes_share": out.forward_passes / len(batch), "slots": out.slots}
+                   "passes_share": out.forward_passes / len(batch), "slots": out.slots, "batching": self.batching}
             self.stats[row["key"]] = row
             rows.append(row)
         self._totals = [t + v for t, v in zip(self._totals, (len(batch), sum(r["nfe"] for r in rows),
@@ -316,36 +377,43 @@ class LocalLeapLM(LM):
         identity = {k: v for k, v in self.likelihood.to_json().items() if k != "requests_per_call"}
         return {**identity, "is_check_greedy": self.check_greedy, "add_bos_token": self.add_bos_token}
 
-    def _score(self, pairs, keys, kind: str, disable_tqdm: bool, with_greedy: bool) -> list[tuple[float, bool]]:
-        """(estimate, is_greedy) per pair, in chunks: each chunk's stats reach the log before the caller caches it."""
+    def _score(self, pairs, keys, kind: str, disable_tqdm: bool, with_greedy: bool,
+               on_chunk: Callable[[int, list], None]) -> list[tuple[float, bool]]:
+        """(estimate, is_greedy) per pair, in chunks: each chunk's stats reach the log, then `on_chunk(first pair,
+        its results)` caches it, so a run stopped by Ctrl-C (between two chunks) keeps every chunk scored."""
         results: list[tuple[float, bool]] = []
-        bar = tqdm(total=len(pairs), desc=f"{kind} [mc_num={self.likelihood.mc_num}]", dynamic_ncols=True,
-                   disable=disable_tqdm or not self.progress)
-        try:
-            for start in range(0, len(pairs), LIKELIHOOD_CHUNK):
-                chunk = pairs[start:start + LIKELIHOOD_CHUNK]
-                contexts, continuations = [c for c, _ in chunk], [y for _, y in chunk]
-                seconds = [0.0] * len(chunk)
+        with cli.stopping_between_steps():
+            bar = tqdm(total=len(pairs), desc=f"{kind} [mc_num={self.likelihood.mc_num}]", dynamic_ncols=True,
+                       disable=disable_tqdm or not self.progress)
+            try:
+                size = LIKELIHOOD_CHUNK_CALLS * self.likelihood.requests_per_call
+                for start in range(0, len(pairs), size):
+                    cli.stop_if_asked()
+                    chunk = pairs[start:start + size]
+                    contexts, continuations = [c for c, _ in chunk], [y for _, y in chunk]
+                    seconds = [0.0] * len(chunk)
 
-                def timed(group, values, s, seconds=seconds):
-                    for i in group:
-                        seconds[i] = s / len(group)
-                    bar.update(len(group))
+                    def timed(group, values, s, seconds=seconds):
+                        for i in group:
+                            seconds[i] = s / len(group)
+                        bar.update(len(group))
 
-                values = self._likelihoods(contexts, continuations, greedy=False, on_group=timed)
-                greedy = (self._likelihoods(contexts, continuations, greedy=True, on_group=None) if with_greedy
-                          else [False] * len(chunk))
-                rows = [{"key": key, "kind": kind, "seconds": s, "context_tokens": len(c), "continuation_tokens": len(y),
-                         "loglikelihood": float(v), "is_greedy": bool(g)}
-                        for key, (c, y), v, g, s in zip(keys[start:start + len(chunk)], chunk, values, greedy, seconds)]
-                for row in rows:
-                    self.stats[row["key"]] = row
-                self._append_stats(rows)
-                results += [(float(v), bool(g)) for v, g in zip(values, greedy)]
-                self.model_calls += 1
-                self.rows_generated += len(chunk)
-        finally:
-            bar.close()
+                    values = self._likelihoods(contexts, continuations, greedy=False, on_group=timed)
+                    greedy = (self._likelihoods(contexts, continuations, greedy=True, on_group=None) if with_greedy
+                              else [False] * len(chunk))
+                    rows = [{"key": key, "kind": kind, "seconds": s, "context_tokens": len(c), "continuation_tokens": len(y),
+                             "loglikelihood": float(v), "is_greedy": bool(g)}
+                            for key, (c, y), v, g, s in zip(keys[start:start + len(chunk)], chunk, values, greedy, seconds)]
+                    for row in rows:
+                        self.stats[row["key"]] = row
+                    self._append_stats(rows)
+                    chunk_results = [(float(v), bool(g)) for v, g in zip(values, greedy)]
+                    on_chunk(start, chunk_results)
+                    results += chunk_results
+                    self.model_calls += 1
+                    self.rows_generated += len(chunk)
+            finally:
+                bar.close()
         return results
 
     def _likelihoods(self, contexts, continuations, *, greedy: bool, on_group):

@@ -75,16 +75,17 @@ def fewshot_spans(context: str, doc: dict, delimiter: str) -> tuple[list[int], i
     return (starts, question) if starts else None
 
 
-def encode(tokenizer: Tokenizer, context: str, chat: bool) -> list[int]:
+def encode(tokenizer: Tokenizer, context: str, chat: bool, what: str = "the context") -> list[int]:
     # A context lm-eval already chat-formatted (--apply_chat_template) starts with BOS: keep it as is.
-    return tokenizer.encode(context, chat=chat and not context.startswith(BOS_TOKEN))
+    return tokenizer.encode(context, chat=chat and not context.startswith(BOS_TOKEN), what=what)
 
 
-def fit(request, room: int, tokenizer: Tokenizer, chat: bool, truncate_fewshot: bool, delimiter: str) -> Prompt:
+def fit(request, room: int, tokenizer: Tokenizer, chat: bool, truncate_fewshot: bool, delimiter: str,
+        what: str = "the context") -> Prompt:
     """The prompt of one request; with truncate_fewshot, whole few-shot examples are dropped from the
     front until it fits (the chat template is applied afterwards, so its tokens always stay)."""
     context = request.args[0]
-    ids = encode(tokenizer, context, chat)
+    ids = encode(tokenizer, context, chat, what)
     if len(ids) <= room or not truncate_fewshot or context.startswith(BOS_TOKEN):
         return Prompt(ids, 0)  # (a context lm-eval chat-formatted has no few-shot text to cut safely)
     spans = fewshot_spans(context, getattr(request, "doc", None) or {}, delimiter)
@@ -93,7 +94,7 @@ def fit(request, room: int, tokenizer: Tokenizer, chat: bool, truncate_fewshot: 
     starts, question = spans
     cuts = starts[1:] + [question]
     for dropped, cut in enumerate(cuts, 1):
-        ids = encode(tokenizer, context[:starts[0]] + context[cut:], chat)
+        ids = encode(tokenizer, context[:starts[0]] + context[cut:], chat, what)
         if len(ids) <= room:
             break
     return Prompt(ids, dropped)
@@ -105,7 +106,8 @@ def fit_all(requests, tokenizer: Tokenizer, chat: bool, truncate_fewshot: bool, 
     room = max_sequence_length - gen_length
     for i, r in enumerate(requests):  # a context that is not text: one line naming it, before any work
         check_prompt(r.args[0], f"request {i}'s context")
-    prompts = [fit(r, room, tokenizer, chat, truncate_fewshot, delimiter) for r in requests]
+    prompts = [fit(r, room, tokenizer, chat, truncate_fewshot, delimiter, f"request {i}'s context")
+               for i, r in enumerate(requests)]
     over = [len(p.ids) - room for p in prompts if len(p.ids) > room]
     if over:
         raise PromptTooLongError(len(over), len(prompts), max(over), room, max_sequence_length, gen_length,

@@ -252,14 +252,29 @@ def settings_of(rule) -> dict[str, Any]:
     return {f.name: getattr(rule, f.name) for f in dataclasses.fields(rule) if "setting" in f.metadata}
 
 
-def check_settings(rule) -> None:
-    """Every setting is a number, or an array of one per row, of the right kind and inside its range."""
+# What a setting may hold when a rule is made by hand: a user's values. A rule is also rebuilt from other leaves (JAX
+# unflattens it with tracers, device arrays or placeholders while it compiles, shards or maps it; a placement reshapes
+# its rows per device, [devices, rows]): those are not checked at construction, only by `validate` (which generate
+# runs on the user's rule).
+_USER_VALUES = (str, bytes, bool, int, float, list, tuple, np.ndarray, np.generic)
+
+
+def _made_by_hand(value) -> bool:
+    return isinstance(value, _USER_VALUES) and not (isinstance(value, np.ndarray) and value.ndim > 1)
+
+
+def check_settings(rule, *, made: bool = False) -> None:
+    """Every setting is a number, or an array of one per row, of the right kind and inside its range. `made=True`
+    (a rule's construction): only the settings that hold a user's values are checked (see _USER_VALUES), and None
+    passes (`validate` refuses it where the setting takes none)."""
     for f in dataclasses.fields(rule):
         if "setting" not in f.metadata:
             continue
         kind, low, high, low_open, none_ok = f.metadata["setting"]
         value = getattr(rule, f.name)
-        if value is None and none_ok or isinstance(value, jax.core.Tracer):
+        if value is None and (none_ok or made) or isinstance(value, jax.core.Tracer):
+            continue
+        if made and not _made_by_hand(value):
             continue
         where = f"{rule.name}: {f.name}={value!r}"
         try:
@@ -271,18 +286,27 @@ def check_settings(rule) -> None:
         if np.ndim(value) > 1:
             raise DecodeError(f"{rule.name}: {f.name} must be a number or one value per row (shape [B]), "
                               f"got shape {np.shape(value)}")
-        for v in values:
-            shown = value if isinstance(value, (int, float)) else f"{v:g}"  # as the user wrote it, where possible
-            what = (f"{rule.name}: {f.name}={shown}" if np.ndim(value) == 0
-                    else f"{rule.name}: {f.name} holds {v:g}, which")
-            if not np.isfinite(v):
-                raise DecodeError(f"{what} must be finite")
-            if kind is int and v != round(v):
-                raise DecodeError(f"{what} must be a whole number")
-            if low is not None and (v <= low if low_open else v < low) or high is not None and v > high:
-                lo = "(-inf" if low is None else (f"({low:g}" if low_open else f"[{low:g}")
-                hi = "inf)" if high is None else f"{high:g}]"
-                raise DecodeError(f"{what} must lie in {lo}, {hi}")
+        with np.errstate(invalid="ignore"):
+            wrong = ~np.isfinite(values)
+            if kind is int:
+                wrong |= values != np.round(values)
+            if low is not None:
+                wrong |= values <= low if low_open else values < low
+            if high is not None:
+                wrong |= values > high
+        if not wrong.any():
+            continue
+        v = values[np.argmax(wrong)]  # the first value that fails, named as the user wrote it where possible
+        shown = value if isinstance(value, (int, float)) else f"{v:g}"
+        what = (f"{rule.name}: {f.name}={shown}" if np.ndim(value) == 0
+                else f"{rule.name}: {f.name} holds {v:g}, which")
+        if not np.isfinite(v):
+            raise DecodeError(f"{what} must be finite")
+        if kind is int and v != round(v):
+            raise DecodeError(f"{what} must be a whole number")
+        lo = "(-inf" if low is None else (f"({low:g}" if low_open else f"[{low:g}")
+        hi = "inf)" if high is None else f"{high:g}]"
+        raise DecodeError(f"{what} must lie in {lo}, {hi}")
 
 
 def check_steps(rule, steps, gen_length: int | None, block_length: int | None) -> None:
@@ -371,6 +395,11 @@ class RuleBase:
     canvas: ClassVar[bool] = False
     rewrites: ClassVar[bool] = False
     soft_input: ClassVar[bool] = False
+
+    def __post_init__(self):
+        # Settings are checked when a rule is made (LocalLeap(kappa="high") is one line here, not an error inside
+        # generate); what depends on the canvas, or on other settings, waits for `validate`.
+        check_settings(self, made=True)
 
     def pass_bound(self, gen_length: int, block_length: int) -> int:
         """The passes a row may need at most (DecodeConfig.max_passes's default): a rule that only commits

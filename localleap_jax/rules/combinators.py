@@ -80,9 +80,20 @@ def _run_all(rules, s: Signals, state):
     return [c.astype(jnp.int8) for c, _ in results], tuple(st for _, st in results)
 
 
+def _parts(kind: str, given: tuple) -> tuple:
+    """The sub-rules of a combinator, rule objects (checked by `validate`: each has the Rule protocol); none, or a
+    name in place of a rule, is one line."""
+    if not given:
+        raise DecodeError(f"{kind} takes one or more rules, e.g. ll.{kind}(ll.rule('threshold'), ll.rule('stable'))")
+    for r in given:
+        if isinstance(r, str):
+            raise DecodeError(f"{kind} takes rule objects: ll.rule({r!r}), not the name {r!r}")
+    return tuple(given)
+
+
 def any_of(*rules) -> AnyOf:
-    return AnyOf(tuple(rules))
+    return AnyOf(_parts("any_of", rules)).validate()
 
 
 def all_of(*rules) -> AllOf:
-    return AllOf(tuple(rules))
+    return AllOf(_parts("all_of", rules)).validate()

@@ -48,9 +48,15 @@ def origin_of(obj) -> tuple[str, str]:
     return (getattr(obj, "__module__", None) or "?", getattr(obj, "__qualname__", None) or repr(obj))
 
 
-def _add(name: str, value, origin: tuple[str, str]) -> None:
+def _bad_name(name) -> str | None:
     if not isinstance(name, str) or not name or ":" in name or "," in name or "=" in name:
-        raise ValueError(f"rule name {name!r}: a name is a non-empty string without ':', ',' or '='")
+        return f"rule name {name!r}: a name is a non-empty string without ':', ',' or '='"
+    return None
+
+
+def _add(name: str, value, origin: tuple[str, str]) -> None:
+    if _bad_name(name):
+        raise ValueError(_bad_name(name))
     if dict.__contains__(RULES, name) and ORIGINS.get(name) != origin:
         module, qualname = ORIGINS.get(name, ("?", "?"))
         raise ValueError(f"rule {name!r} is already registered (by {qualname} in {module}); choose another name")
@@ -124,14 +130,40 @@ def split_specs(text: str) -> list[str]:
     return specs
 
 
+
+def unknown_rule(name: str, what: str = "strategy") -> str:
+    """The line for a rule name nobody registered: the closest registered names when there are any (a misspelling),
+    else every name."""
+    import difflib
+
+    near = difflib.get_close_matches(name, RULES, n=3)
+    if near:
+        return f"unknown {what} {name!r}; did you mean {' or '.join(map(repr, near))}?"
+    return f"unknown {what} {name!r}; choose from {', '.join(sorted(RULES))}"
+
+
 def rule(name_or_spec, **settings):
     """A rule object from a name and settings, or from a spec string ('eb:gamma=0.01'); a rule object
-    passes through (with `settings` applied)."""
+    passes through (with `settings` applied). Checked when made (one DecodeError line)."""
     if not isinstance(name_or_spec, str):
-        return dataclasses.replace(name_or_spec, **settings) if settings else name_or_spec
+        given = name_or_spec
+        if isinstance(given, type) or not callable(getattr(given, "update", None)):
+            what = f"the class {given.__name__} (pass an instance)" if isinstance(given, type) else \
+                f"{type(given).__name__} {given!r:.40}"
+            raise DecodeError(f"rule takes a rule name, a spec string ('eb:gamma=0.01') or a rule object; got {what}")
+        if not settings:
+            return given
+        known = set(settings_of(given)) if dataclasses.is_dataclass(given) else set()
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise DecodeError(f"{getattr(given, 'name', type(given).__name__)} has no setting {', '.join(unknown)}; "
+                              f"its settings: {', '.join(sorted(known)) or '(none)'}")
+        made = dataclasses.replace(given, **settings)
+        made.validate()
+        return made
     name, parsed = parse_spec(name_or_spec)
     if name not in RULES:
-        raise DecodeError(f"unknown strategy {name!r}; choose from {', '.join(sorted(RULES))}")
+        raise DecodeError(unknown_rule(name))
     settings = {**parsed, **settings}
     cls = RULES[name]
     known = set(settings_of(cls())) if dataclasses.is_dataclass(cls) else None
@@ -139,7 +171,13 @@ def rule(name_or_spec, **settings):
     if unknown:
         raise DecodeError(f"{name} has no setting {', '.join(unknown)}; its settings: "
                           f"{', '.join(sorted(known)) or '(none)'}")
-    return cls(**settings)
+    made = cls(**settings)
+    # Checked when made: every setting (None where it takes none), and what the rule asks of its settings together
+    # (localleap's tau <= kappa); what depends on the canvas waits for DecodeConfig.
+    validate = getattr(made, "validate", None)
+    if callable(validate):
+        validate()
+    return made
 
 
 # ---------------------------------------------------------------- rules given as functions
@@ -158,13 +196,24 @@ class FunctionRule(RuleBase):
 
 def stateless(fn: Callable[[Signals], Array], name: str | None = None) -> FunctionRule:
     """The special case: a rule with no state, from a pure function of the step's signals."""
+    if not callable(fn):
+        raise DecodeError(f"stateless takes a function of the step's signals (fn(signals) -> commit [B, T]); got "
+                          f"{type(fn).__name__} {fn!r:.40}")
+    if name is not None and _bad_name(name):
+        raise DecodeError(_bad_name(name))
     return FunctionRule(fn, name or getattr(fn, "__name__", "stateless"))
 
 
 def register(name: str):
     """Register a rule under `name`: a rule dataclass, or a function of the step's signals (a stateless rule
     with no settings)."""
+    if _bad_name(name):
+        raise DecodeError(f"{_bad_name(name)}; e.g. @ll.register(\"steady\")")
+
     def add(obj):
+        if not callable(obj):
+            raise DecodeError(f"register({name!r}) decorates a rule class or a function of the step's signals; got "
+                              f"{type(obj).__name__} {obj!r:.40}")
         if inspect.isclass(obj):
             return register_rule(name)(obj)
         factory = lambda **kw: dataclasses.replace(stateless(obj, name), **kw)  # noqa: E731

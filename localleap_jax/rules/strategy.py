@@ -18,7 +18,7 @@ from flax import struct
 
 from localleap_jax.rules.base import DecodeError, Rule, RuleBase, check_settings, setting
 from localleap_jax.rules.failures import check_calls
-from localleap_jax.rules.registry import RULES, parse_spec, rule
+from localleap_jax.rules.registry import RULES, parse_spec, rule, unknown_rule
 from localleap_jax.rules.traits import RuleTraits, traits_of
 
 
@@ -82,7 +82,7 @@ def with_shared_settings(rule_or_spec, *, kappa: float | None = None, tau: float
         return resolved
     name, in_spec = parse_spec(rule_or_spec)
     if name not in RULES:
-        raise DecodeError(f"unknown strategy {name!r}; choose from {', '.join(sorted(RULES))}")
+        raise DecodeError(unknown_rule(name))
     takes = settings_taken(name)
     check_settings(SharedSettings(**{k: v for k, v in given.items() if k not in takes}))
     return as_rule(rule(rule_or_spec, **{k: v for k, v in given.items() if k in takes and k not in in_spec}))

@@ -11,6 +11,7 @@ A user's file registers its policies when it is loaded the way a user's rules ar
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Any
 
 from localleap_jax.errors import DecodeError
@@ -58,7 +59,9 @@ def cache(name_or_spec, **settings):
     except DecodeError as e:
         raise DecodeError(f"cache {e}") from None
     if name not in CACHES:
-        raise DecodeError(f"unknown cache {name!r}; choose from {known()}")
+        near = difflib.get_close_matches(name, ["auto", *CACHES], n=1)
+        raise DecodeError(f"unknown cache {name!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+                          + f"; choose from {known()}")
     cls = CACHES[name]
     settings = {**parsed, **settings}
     declared = {f.name for f in dataclasses.fields(cls) if "setting" in f.metadata}
