@@ -355,7 +355,8 @@ def main(argv=None) -> dict:
     jax.block_until_ready(model.params)
     twin = torch_twin(model)
     setup_s = time.perf_counter() - t_start
-    attn = attention_implementation(dtype.name, model.config.head_dim)
+    c = model.config
+    attn = attention_implementation(dtype.name, c.head_dim, c.n_heads, c.n_kv_heads, args.length)
     report = {"device": jax.devices()[0].device_kind, "torch_device": twin[1], "shape": args.shape,
               "dtype": dtype.name, "params": model.config.num_params, "attention_implementation": attn,
               "config": {"length": L, "prompt_length": P, "gen_length": G, "block_length": T, "batches": batches,

@@ -532,16 +532,41 @@ def written_in(cond: Branches, sources: Iterable[str]) -> bool:
     """Whether a conditional was written in a source file ending with one of `sources`: its innermost frame, where
     `lax.cond` / `lax.switch` was called (not a caller: every conditional of the model runs under the cache policy's
     calls)."""
-    return bool(cond.stack) and cond.stack[0].file.endswith(tuple(sources))
+    return bool(cond.stack) and any(cond.stack[0].file.endswith(s) or s.endswith("/") and s in cond.stack[0].file
+                                    for s in sources)
+
+
+# A cache policy's guard: a pass run only when some row needs it, skipped (zeros) otherwise (decode/cache's `when`,
+# `when_else`). With per-row refreshes a pass holds both kinds: the refreshing rows' whole-canvas lanes (a choice
+# whose dearest branch is the refresh) and the other rows' cached pass under a guard. A cached pass takes the guard
+# (every row's cached pass runs) and no refresh; a full pass the refresh and no guarded pass.
+GUARD_FUNCTIONS = ("when", "when_else")
+
+
+def is_guard(cond: Branches) -> bool:
+    return bool(cond.stack) and cond.stack[0].function in GUARD_FUNCTIONS
 
 
 def dearest_from(sources: Iterable[str]) -> Chooser:
-    """The dearest branch of conditionals written in `sources` (e.g. the cache policy's pass choice), the cheapest
-    of every other (data-dependent rare paths: a MoE layer's overflow, a rule's corner case)."""
+    """The full pass: the dearest branch of conditionals written in `sources` (the cache policy's pass choice; its
+    guards at their cheapest), the cheapest of every other (data-dependent rare paths: a MoE layer's overflow, a
+    rule's corner case)."""
     sources = tuple(sources)
 
     def choose(cond: Branches, totals: list[int]) -> int:
-        return (DEAREST if written_in(cond, sources) else CHEAPEST)(cond, totals)
+        dear = written_in(cond, sources) and not is_guard(cond)
+        return (DEAREST if dear else CHEAPEST)(cond, totals)
+    return choose
+
+
+def cached_from(sources: Iterable[str]) -> Chooser:
+    """The cached pass: the cache policy's guards (conditionals written in `sources` by GUARD_FUNCTIONS) at their
+    dearest (the guarded pass runs), every other conditional at its cheapest (no refresh, the narrowest window)."""
+    sources = tuple(sources)
+
+    def choose(cond: Branches, totals: list[int]) -> int:
+        dear = written_in(cond, sources) and is_guard(cond)
+        return (DEAREST if dear else CHEAPEST)(cond, totals)
     return choose
 
 
@@ -596,7 +621,7 @@ def parse(text: str) -> HloModule:
 
 # ---------------------------------------------------------------- the generation loop
 
-PASS_SOURCES = ("localleap_jax/decode/cache.py",)  # where a cache policy chooses a pass's kind
+PASS_SOURCES = ("localleap_jax/decode/cache.py", "localleap_jax/decode/cache/")  # where a cache policy chooses a pass's kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -604,7 +629,7 @@ class LoopPasses:
     """Bytes of the generation loop's passes (one iteration of its body each), and of what runs before it."""
 
     loop: str  # the loop's instruction name
-    cached: int  # every conditional at its cheapest branch: a pass that reads the cache
+    cached: int  # a pass that reads the cache: no refresh, its guarded cached pass run (`cached_from`)
     full: int  # the cache policy's conditionals at their dearest (the refresh / store / encode pass)
     before: int  # the program outside the loop (prefill, setup), conditionals at their cheapest
     cache_choices: int  # conditionals of the cache policy in the body (0: every pass is the same, e.g. no cache)
@@ -661,7 +686,7 @@ def loop_passes(module: HloModule | str, sources: Iterable[str] = PASS_SOURCES) 
     inner = once_each(loop.body)
     before_trips = {**once_each(module.cost()), loop.name: 0}
     before = module.cost().total(CHEAPEST, before_trips)
-    return LoopPasses(loop.name, loop.body.total(CHEAPEST, inner) + loop.condition.total(CHEAPEST, inner),
+    return LoopPasses(loop.name, loop.body.total(cached_from(sources), inner) + loop.condition.total(CHEAPEST, inner),
                       loop.body.total(dearest_from(sources), inner) + loop.condition.total(CHEAPEST, inner),
                       before, _cache_choices(loop.body, sources))
 
@@ -680,6 +705,6 @@ def backend_estimate(compiled) -> dict:
 
 
 __all__ = ["CHEAPEST", "DEAREST", "Branches", "Chooser", "Cost", "HloModule", "LoopPasses", "OpBytes",
-           "PASS_SOURCES", "UnknownTripCount", "backend_estimate", "dearest_from", "generation_loop", "loop_passes",
+           "GUARD_FUNCTIONS", "PASS_SOURCES", "UnknownTripCount", "backend_estimate", "cached_from", "dearest_from", "generation_loop", "loop_passes",
            "loops_in", "once_each",
            "parse", "shape_bytes", "written_in"]

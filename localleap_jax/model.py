@@ -40,7 +40,6 @@ feeds the model a soft input: iteration smoothing).
 from __future__ import annotations
 
 import functools
-import os
 from typing import Callable, NamedTuple
 
 import flax.linen as nn
@@ -49,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
+from localleap_jax import attention as fused
 from localleap_jax.config import ModelConfig
 from localleap_jax.moe import MoELayers, expert_mesh, moe_layer
 
@@ -96,36 +96,34 @@ def rope(x: Float[Array, "B T N H"], positions: Int[Array, "B T"], theta: float,
     return (out if rd == x.shape[-1] else jnp.concatenate([out, rest], axis=-1)).astype(x.dtype)
 
 
-@functools.lru_cache(maxsize=None)
-def attention_implementation(dtype_name: str, head_dim: int) -> str:
-    """'cudnn' where a probe compile on this GPU accepts our dtype/head size/mask, else 'xla'.
-
-    Override with LOCALLEAP_ATTENTION=xla|cudnn.
-    """
-    forced = os.environ.get("LOCALLEAP_ATTENTION")
-    if forced in ("xla", "cudnn"):
-        return forced
-    if jax.default_backend() != "gpu" or dtype_name not in ("bfloat16", "float16") or head_dim > 128:
-        return "xla"
-    q = jax.ShapeDtypeStruct((1, 64, 2, head_dim), jnp.dtype(dtype_name))
-    m = jax.ShapeDtypeStruct((1, 1, 1, 64), jnp.bool_)
-    probe = jax.jit(functools.partial(jax.nn.dot_product_attention, implementation="cudnn"))
-    try:
-        probe.lower(q, q, q, mask=m).compile()
-        return "cudnn"
-    except Exception:  # cuDNN missing, too old, or this shape/dtype unsupported
-        return "xla"
-
-
 def attention(q: Float[Array, "B T N H"], k: Float[Array, "B S K H"], v: Float[Array, "B S K H"],
               mask: Bool[Array, "B #T S"]) -> Float[Array, "B T N H"]:
     """Attention where mask[b, t, s] says query t may see key s (a [B, S] key mask: every query alike;
-    softmax in fp32)."""
+    softmax in fp32).
+
+    A key-padding mask (every query alike: a whole-canvas pass of a bidirectional model) takes the platform's fused
+    kernel where there is one (attention.py: cuDNN on a GPU, splash on a TPU), which never writes the [N, T, S]
+    scores: as each row's real keys are its last lengths[b] (left padding), or XLA's path when the mask is not of
+    that form (checked on the device, one branch taken). Any other mask (block-causal, a probe copy): XLA's path."""
     if mask.ndim == 2:
         mask = mask[:, None, :]
-    # The cuDNN probe covers a key-padding mask only; a block-causal one takes XLA's path.
-    impl = attention_implementation(jnp.dtype(q.dtype).name, q.shape[-1]) if mask.shape[1] == 1 else "xla"
-    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation=impl)
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    impl = fused.implementation_for(q.dtype, H, N, K, T, S, padding_only=mask.shape[1] == 1)
+    if impl == "xla":
+        return fused.xla_attention(q, k, v, mask)
+    keys = mask[:, 0, :]
+    lengths = jnp.sum(keys, axis=1, dtype=jnp.int32)
+    left_padded = jnp.all(keys == (jnp.arange(S)[None, :] >= (S - lengths)[:, None])) & jnp.all(lengths > 0)
+    return jax.lax.cond(left_padded,
+                        lambda: fused.attention(q, k, v, kv_lengths=lengths, implementation=impl),
+                        lambda: fused.xla_attention(q, k, v, mask))
+
+
+def attention_implementation(dtype_name: str, head_dim: int, heads: int = 1, kv_heads: int = 1,
+                             length: int = 1024) -> str:
+    """The kernel a whole-canvas pass of this shape takes on this process's backend ("xla", "cudnn", "splash")."""
+    return fused.implementation_for(jnp.dtype(dtype_name), head_dim, heads, kv_heads, length, length, True)
 
 
 def attention_two_parts(q: Float[Array, "B T N H"], parts: tuple[tuple[Array, Array, Array], ...]

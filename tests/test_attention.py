@@ -76,6 +76,27 @@ def test_each_platform_takes_its_kernel_only_where_the_mask_allows(monkeypatch):
     assert A.implementation_for(bf16, 128, 32, 8, 1152, 1152, padding_only=False) == "splash"
 
 
+def test_the_models_attention_takes_the_kernel_on_left_padding_and_xla_on_any_other_mask(qkv, monkeypatch):
+    """model.attention (every layer's) on a platform with a fused kernel: a left-padded key mask runs the kernel with
+    the rows' lengths (here splash in the interpreter); a key mask of another form (a hole inside a row) runs XLA's
+    path, decided on the device. A kernel that returns zeros shows which branch ran."""
+    from localleap_jax import model as M
+
+    q, k, v, lengths, real, exact = qkv
+    holey = real.copy()
+    holey[0, 40:50] = False  # row 0 misses keys in its middle: not left padding
+    exact_holey = np.asarray(A.xla_attention(*(a.astype(jnp.float32) for a in (q, k, v)), jnp.asarray(holey)[:, None]))
+    monkeypatch.setattr(A, "implementation_for", lambda *a, **kw: "splash")
+    kernel = lambda q, k, v, kv_lengths, implementation: A.splash_attention(q, k, v, kv_lengths, interpret=True)  # noqa: E731
+    monkeypatch.setattr(A, "attention", kernel)
+    assert error(M.attention(q, k, v, jnp.asarray(real)), exact, real) < BF16_TOL
+    assert error(M.attention(q, k, v, jnp.asarray(holey)), exact_holey, real) < BF16_TOL
+    # the broken kernel: the left-padded call changes (the kernel ran), the other one does not (XLA's path ran)
+    monkeypatch.setattr(A, "attention", lambda q, *a, **kw: jnp.zeros_like(q))
+    assert error(M.attention(q, k, v, jnp.asarray(real)), exact, real) > 10 * BF16_TOL
+    assert error(M.attention(q, k, v, jnp.asarray(holey)), exact_holey, real) < BF16_TOL
+
+
 TPU_SCRIPT = r"""
 import jax, jax.numpy as jnp
 from localleap_jax import attention as A

@@ -102,7 +102,7 @@ import localleap_jax as ll  # noqa: E402
     (dict(temperature=-0.5), r"^temperature=-0.5 must be >= 0"),
     (dict(temperature="hot"), r"^temperature='hot' must be a finite number"),
     (dict(cache="dual2"), r"^unknown cache 'dual2' \(did you mean 'dual'\?\); choose from auto, none, prefix, dual"),
-    (dict(cache=["dual"]), r"^unknown cache \['dual'\]; choose from auto"),
+    (dict(cache=["dual"]), r"^cache=\['dual'\] is not a cache policy .*: give a name \(auto, none, prefix, dual"),
     (dict(early_stop=1), r"^early_stop=1 must be True or False$"),
     (dict(logits_eos_inf="yes"), r"^logits_eos_inf='yes' must be True or False$"),
     (dict(confidence_eos_eot_inf=None), r"^confidence_eos_eot_inf=None must be True or False$"),

@@ -320,7 +320,7 @@ def test_refusals_in_one_line(llada, llada2):
     refused(r"^smooth feeds each pass .* this model is block-causal", strategy="smooth", model=llada2.model)
     refused(r"^smooth feeds each pass an input embedding .* use cache 'none'", strategy="smooth", cache="dual")
     refused(r"^joint_threshold_indel: delete_token_id and split_token_id must differ",
-            strategy=ll.rule("joint_threshold_indel", delete_token_id=5, split_token_id=5))
+            strategy="joint_threshold_indel:delete_token_id=5,split_token_id=5")
     refused(r"^hierarchy: low_threshold=1.5 must lie in \[0, 1\]", strategy="hierarchy:low_threshold=1.5")
     with pytest.raises(ll.DecodeError, match=r"^credit rewrites its block: it cannot be combined with any_of"):
         ll.DecodeConfig(strategy=ll.any_of(ll.rule("threshold"), ll.rule("credit"))).validate()

@@ -284,7 +284,8 @@ def test_dream_caches_are_exact_where_they_cannot_go_stale(one_layer_dream, cach
     got = ll.generate(model, ids, mask, decode_config(**base, cache=cache))
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_array_equal(got.nfe, want.nfe)
-    assert got.full_passes == 4 and want.forward_passes > 4  # one refresh per block; more than one pass per block
+    # one refresh per block and row (rows that start a block together share the pass); more than one pass per block
+    assert 4 <= got.full_passes <= 4 * len(PROMPTS) and want.forward_passes > got.full_passes
     for r, prompt in enumerate(PROMPTS):  # and no cache is the eager loop
         x, nfe = reference_torch.eager_generate(
             torch_model, torch.tensor([prompt]), shift=1, mask_id=model.config.mask_token_id,

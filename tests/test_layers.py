@@ -20,14 +20,14 @@ from helpers import REPO
 LAYERS = {
     "base": {"errors", "hashing"},
     "leaves": {"config", "tokenizer", "trace", "rules", "compile_cache", "processes", "partition", "synthetic_math",
-               "cli"},
+               "cli", "attention", "hlo_bytes"},
     "core": {"model", "families", "denoiser", "loaded", "decode", "dynamics", "likelihood", "moe"},
     "storage": {"checkpoint"},
     "conversion": {"convert_hf", "resolve"},
     "distribution": {"dist"},
     "front door": {"api", ""},  # "": the package face, localleap_jax/__init__.py
     "adapters": {"lm_eval", "gsm8k"},
-    "commands": {"commands"},  # each command line's logic (experiments/<name>.py is its entry); nothing imports it
+    "commands": {"commands", "plan"},  # (plan: `python -m localleap_jax.plan`, the command's entry)  # each command line's logic (experiments/<name>.py is its entry); nothing imports it
 }
 LAYER_RANK = {layer: rank for rank, layer in enumerate(LAYERS)}
 RANK = {unit: LAYER_RANK[layer] for layer, units in LAYERS.items() for unit in units}

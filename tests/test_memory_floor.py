@@ -82,6 +82,7 @@ def test_a_cached_pass_reads_the_weights_once_on_cpu(family, mode):
     config = network(family)
     passes = cost(config, decode_config(config, mode), dtype="float32")
     assert passes.cache_choices > 0  # the pass choice was found: the cached pass is one branch of it
+    assert passes.cached >= passes.weights  # and that branch runs the model: every weight read at least once
     assert passes.cached_ratio <= BOUND, (f"{family} {mode}: a cached pass moves {passes.cached:,} bytes, "
                                           f"{passes.cached_ratio:.2f}x its floor {passes.floor:,}")
 
@@ -99,6 +100,7 @@ def test_llada_8b_cached_pass_at_its_floor_on_cpu(mode):
     cfg = ll.DecodeConfig(strategy=ll.rule("threshold", kappa=0.9), gen_length=256, block_length=32, cache=mode)
     passes = cost(llada_8b(), cfg, dtype="float32", prompt_length=896)
     assert passes.floor == pytest.approx(31.2e9, rel=0.01)  # 7.5 B weights (fp32) + 1.2 GB of K/V
+    assert passes.cached >= passes.weights  # the counted pass runs the model
     assert passes.cached_ratio <= BOUND, f"LLaDA-8B {mode}: {passes.cached / 1e9:.1f} GB, {passes.cached_ratio:.2f}x"
 
 

@@ -228,7 +228,7 @@ def dearest_ops(text: str, n: int) -> list[dict]:
     loop = hlo_bytes.generation_loop(module)
     names = {i.name: i for c in module.computations.values() for i in c.instructions}
     out = []
-    for op, runs in loop.body.top(n, hlo_bytes.CHEAPEST, hlo_bytes.once_each(loop.body)):
+    for op, runs in loop.body.top(n, hlo_bytes.cached_from(hlo_bytes.PASS_SOURCES), hlo_bytes.once_each(loop.body)):
         meta = names[op.name].attrs.get("metadata", "") if op.name in names else ""
         where = re.search(r'op_name="([^"]*)"', meta)
         out.append({"op": op.name, "kind": op.opcode, "read": op.read, "written": op.written, "runs": runs,

@@ -30,7 +30,7 @@ from localleap_jax.decode.run import Program, assemble
 from localleap_jax.denoiser import SpecialIds
 from localleap_jax.dist.mesh import DataModelMesh
 from localleap_jax.errors import DecodeError, first_line
-from localleap_jax.families import denoiser_of
+from localleap_jax.families import decoding_params as family_decoding_params, denoiser_of
 from localleap_jax.partition import DATA, EXPERT, MODEL, make_mesh, parse_mesh
 
 TOPOLOGY_HINT = ('a TPU topology is described by libtpu: pip install "localleap_jax[tpu-aot]" (jax[tpu] at the '
@@ -85,14 +85,9 @@ def build_mesh(sizes: dict[str, int], devices: list):
 
 
 def decoding_params(params, config: ModelConfig):
-    """The parameter tree in the layout decoding reads (model.decoding_params, where the model defines one: per-layer
-    arrays), from the stacked tree checkpoints hold; the identity where it does not. Shapes in, shapes out."""
-    from localleap_jax import model
-
-    convert = getattr(model, "decoding_params", None)
-    if convert is None:
-        return params
-    return jax.eval_shape(lambda p: convert(p, config), params)
+    """The parameter tree in the layout decoding reads (the family's `decoding_params`: per-layer arrays), from the
+    stacked tree checkpoints hold. Shapes in, shapes out."""
+    return jax.eval_shape(lambda p: family_decoding_params(p, config), params)
 
 
 @dataclasses.dataclass(frozen=True)
