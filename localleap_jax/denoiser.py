@@ -181,7 +181,7 @@ class ModelDenoiser:
 
     def empty_cache(self, batch, length):
         c = self.config
-        shape = (batch, length, c.n_kv_heads, c.head_dim)
+        shape = (batch, c.n_kv_heads, length, c.head_dim)  # model.KVCache: heads first
         dtype = self.params["wte"]["embedding"].dtype
         zeros = tuple(jnp.zeros(shape, dtype) for _ in range(c.n_layers))
         return KVCache(zeros, zeros)

@@ -57,10 +57,16 @@ Params = dict  # the parameter tree, stacked or decoding layout (module docstrin
 
 class KVCache(NamedTuple):
     """Keys and values of every layer at every canvas position (after RoPE): one array per layer, so a pass reads
-    and writes each layer's in place."""
+    and writes each layer's in place; heads first ([B, K, L, H]: each head's keys contiguous, the layout the
+    attention products read, so a cached pass never transposes the cache)."""
 
-    k: tuple[Float[Array, "B L K H"], ...]
-    v: tuple[Float[Array, "B L K H"], ...]
+    k: tuple[Float[Array, "B K L H"], ...]
+    v: tuple[Float[Array, "B K L H"], ...]
+
+
+def heads_first(a: Float[Array, "B L K H"]) -> Float[Array, "B K L H"]:
+    """K or V as a projection makes them ([B, L, K, H]) in the cache's layout."""
+    return a.transpose(0, 2, 1, 3)
 
 
 class CacheWrite(NamedTuple):
@@ -128,23 +134,24 @@ def attention_implementation(dtype_name: str, head_dim: int, heads: int = 1, kv_
 
 def attention_two_parts(q: Float[Array, "B T N H"], parts: tuple[tuple[Array, Array, Array], ...]
                         ) -> Float[Array, "B T N H"]:
-    """Attention over keys held in several arrays, one softmax over all of them: `parts` are (k [B, S, K, H],
-    v [B, S, K, H], mask [B, #T, S]) each. A cached pass attends over the cache and its own window this way, so
-    neither is copied into the other (the arithmetic of `jax.nn.dot_product_attention`'s XLA path)."""
+    """Attention over keys held in several arrays, one softmax over all of them: `parts` are (k [B, K, S, H],
+    v [B, K, S, H], mask [B, #T, S]) each, heads first (the cache's layout). A cached pass attends over the cache and
+    its own window this way, so neither is copied into the other (the arithmetic of `jax.nn.dot_product_attention`'s
+    XLA path)."""
     B, T, N, H = q.shape
-    K = parts[0][0].shape[2]
+    K = parts[0][0].shape[1]
     qg = q.reshape(B, T, K, N // K, H)
     scale = jnp.float32(1.0 / np.sqrt(H))
     big_negative = jnp.float32(-0.7 * float(jnp.finfo(jnp.float32).max))  # as jax.nn.dot_product_attention masks
     logits = []
     for k, _, mask in parts:
-        s = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+        s = jnp.einsum("btkgh,bksh->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
         logits.append(jnp.where(mask[:, None, None, :, :], s, big_negative))
     probs = jax.nn.softmax(jnp.concatenate(logits, axis=-1), axis=-1).astype(parts[0][1].dtype)
     out, at = None, 0
     for k, v, _ in parts:
-        width = k.shape[1]
-        o = jnp.einsum("bkgts,bskh->btkgh", probs[..., at:at + width], v)
+        width = k.shape[2]
+        o = jnp.einsum("bkgts,bksh->btkgh", probs[..., at:at + width], v)
         out = o if out is None else out + o
         at += width
     return out.reshape(B, T, N, H)
@@ -364,19 +371,19 @@ def layer_slot(config: ModelConfig, layer: int) -> tuple[str, int]:
     raise IndexError(f"layer {layer} of a {config.n_layers}-layer model")
 
 
-def _write_window(cache: Float[Array, "B L K H"], new: Float[Array, "B Q K H"], write: CacheWrite):
+def _write_window(cache: Float[Array, "B K L H"], new: Float[Array, "B K Q H"], write: CacheWrite):
     """The cache with this step's K/V written over the window positions marked fresh (in place where the cache is
     not read again)."""
     def one_row(cache_row, new_row, start, fresh):
-        old = jax.lax.dynamic_slice_in_dim(cache_row, start, new_row.shape[0], axis=0)
-        merged = jnp.where(fresh[:, None, None], new_row.astype(cache_row.dtype), old)
-        return jax.lax.dynamic_update_slice_in_dim(cache_row, merged, start, axis=0)
+        old = jax.lax.dynamic_slice_in_dim(cache_row, start, new_row.shape[1], axis=1)
+        merged = jnp.where(fresh[None, :, None], new_row.astype(cache_row.dtype), old)
+        return jax.lax.dynamic_update_slice_in_dim(cache_row, merged, start, axis=1)
     return jax.vmap(one_row)(cache, new, write.start, write.fresh)
 
 
-def _window_keys(cache_k: Float[Array, "B L K H"], write: CacheWrite) -> Bool[Array, "B L"]:
+def _window_keys(cache_k: Float[Array, "B K L H"], write: CacheWrite) -> Bool[Array, "B L"]:
     """The cache positions a window's fresh K/V replace."""
-    L, Q = cache_k.shape[1], write.fresh.shape[1]
+    L, Q = cache_k.shape[2], write.fresh.shape[1]
     rel = jnp.arange(L)[None, :] - write.start[:, None]
     inside = (rel >= 0) & (rel < Q)
     return inside & jnp.take_along_axis(write.fresh, jnp.clip(rel, 0, Q - 1), axis=1)
@@ -523,10 +530,10 @@ def trunk(params: Params, tokens: Int[Array, "B L"], positions: Int[Array, "B L"
     if not is_decoding_layout(params):
         h, (k, v) = _module(params, config).apply({"params": params}, tokens, positions, key_mask, soft=soft,
                                                   method=DiffusionLM.trunk)
-        return h, KVCache(k, v)
+        return h, KVCache(tuple(map(heads_first, k)), tuple(map(heads_first, v)))
     mask = attention_mask(positions, key_mask, config.block_size)
     h, (k, v) = _unrolled(params, _embed(params, tokens, soft), positions, config,
-                          lambda i, q, k, v: (attention(q, k, v, mask), (k, v)))
+                          lambda i, q, k, v: (attention(q, k, v, mask), (heads_first(k), heads_first(v))))
     return h, KVCache(k, v)
 
 
@@ -556,7 +563,7 @@ def trunk_cached(params: Params, tokens: Int[Array, "B Q"], positions: Int[Array
     own = _own_window_mask(positions, write, key_mask, config.block_size)  # [B, Q, Q]: window key j seen by query i
 
     def attend(i, q, k, v):
-        parts = ((cache.k[i], cache.v[i], seen & ~replaced[:, None, :]), (k, v, own))
+        parts = ((cache.k[i], cache.v[i], seen & ~replaced[:, None, :]), (heads_first(k), heads_first(v), own))
         return attention_two_parts(q, parts), (k, v)
 
     h, _ = _unrolled(params, _embed(params, tokens, soft), positions, config, attend)
@@ -586,8 +593,9 @@ def trunk_stored(params: Params, tokens: Int[Array, "B Q"], positions: Int[Array
     seen = attention_mask(positions, key_mask, config.block_size)
 
     def attend(i, q, k, v):
-        k_all, v_all = _write_window(cache.k[i], k, write), _write_window(cache.v[i], v, write)
-        return attention(q, k_all, v_all, seen), (k_all, v_all)
+        k_all = _write_window(cache.k[i], heads_first(k), write)
+        v_all = _write_window(cache.v[i], heads_first(v), write)
+        return attention_two_parts(q, ((k_all, v_all, seen),)), (k_all, v_all)
 
     h, (k, v) = _unrolled(params, _embed(params, tokens, soft), positions, config, attend)
     return h, KVCache(k, v)

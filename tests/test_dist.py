@@ -68,7 +68,8 @@ from localleap_jax.families import write_config
 loaded = ll.load(sys.argv[1], dtype="float32", mesh=mesh)
 want = param_shardings(model.params, mesh)
 res["loaded"] = dict(
-    shardings=all(a.sharding == w for a, w in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(want))),
+    shardings=all(a.sharding.is_equivalent_to(w, a.ndim)  # (a slice of a split stack: P('model',) = P('model', None))
+                  for a, w in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(want))),
     values=all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(jax.tree.leaves(loaded.params),
                                                                             jax.tree.leaves(model.params))),
     per_device=sorted(set(addressable_bytes(loaded.params).values())))

@@ -26,7 +26,7 @@ from jaxtyping import Array, Bool, Float, Int
 from localleap_jax.decode.canvas import Canvas, rows_take
 from localleap_jax.errors import DecodeError
 from localleap_jax.model import (KVCache, attention_inputs, attention_output, attention_two_parts, feed_forward,
-                                 layer_kinds)
+                                 heads_first, layer_kinds)
 
 MAX_WIDTHS = 5  # capacities of a subset pass (each a compiled copy of the trunk)
 
@@ -115,20 +115,20 @@ def attention_with_probs(q: Float[Array, "B T N H"], parts) -> tuple[Float[Array
 
 def _attention_with_probs(q, parts):
     B, T, N, H = q.shape
-    K = parts[0][0].shape[2]
+    K = parts[0][0].shape[1]  # parts heads first, as model.attention_two_parts takes them
     qg = q.reshape(B, T, K, N // K, H)
     scale = jnp.float32(1.0 / np.sqrt(H))
     big_negative = jnp.float32(-0.7 * float(jnp.finfo(jnp.float32).max))
     logits = []
     for k, _, mask in parts:
-        s = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+        s = jnp.einsum("btkgh,bksh->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
         logits.append(jnp.where(mask[:, None, None, :, :], s, big_negative))
     probs32 = jax.nn.softmax(jnp.concatenate(logits, axis=-1), axis=-1)
     probs = probs32.astype(parts[0][1].dtype)
     out, at, averaged = None, 0, []
     for k, v, _ in parts:
-        width = k.shape[1]
-        o = jnp.einsum("bkgts,bskh->btkgh", probs[..., at:at + width], v)
+        width = k.shape[2]
+        o = jnp.einsum("bkgts,bksh->btkgh", probs[..., at:at + width], v)
         out = o if out is None else out + o
         averaged.append(jnp.mean(probs32[..., at:at + width], axis=(1, 2)))
         at += width
@@ -160,6 +160,7 @@ def subset_pass(denoiser, canvas: Canvas, x: Int[Array, "B L"], idx: Int[Array, 
     ks, vs, maps = [], [], []
     for i, (p, moe) in enumerate(zip(params["layers"], layer_kinds(c))):
         q, k, v = attention_inputs(p, h, positions, c)
+        k, v = heads_first(k), heads_first(v)
         parts = ((k, v, own),) if kv is None else ((kv.k[i], kv.v[i], seen), (k, v, own))
         if probs:
             o, averaged = attention_with_probs(q, parts)
@@ -175,8 +176,9 @@ def subset_pass(denoiser, canvas: Canvas, x: Int[Array, "B L"], idx: Int[Array, 
                 ks.append(k)
                 vs.append(v)
             else:
-                ks.append(kv.k[i].at[rows, dest].set(k.astype(kv.k[i].dtype), mode="drop"))
-                vs.append(kv.v[i].at[rows, dest].set(v.astype(kv.v[i].dtype), mode="drop"))
+                at = (rows[:, None, :], jnp.arange(c.n_kv_heads)[None, :, None], dest[:, None, :])  # [B, K, C]
+                ks.append(kv.k[i].at[at].set(k.astype(kv.k[i].dtype), mode="drop"))
+                vs.append(kv.v[i].at[at].set(v.astype(kv.v[i].dtype), mode="drop"))
     new = (KVCache(tuple(ks), tuple(vs)) if store else kv)
     return h, new, (maps if probs else None)
 
