@@ -187,3 +187,24 @@ def test_every_quoted_command_line_is_accepted_by_its_parser(tmp_path, monkeypat
 def test_the_pages_user_cache_is_the_one_the_tests_decode_with():
     """The caches page shows a user's policy file without running it; tests/test_field_caches.py runs that file."""
     assert f"```\n{USER_CACHE.strip()}\n```" in text_of("docs/caches.md")
+
+
+def test_the_real_gsm8k_example_fits_and_a_longer_run_is_told_what_fits(tmp_path, capsys):
+    """The pages' run on the real GSM8K file (`--data ../shared/data/gsm8k/test.jsonl --limit N`): tiny-chain's window
+    holds the first N questions, and a run past them is refused with flags that lead to a run (issue #47: the advice
+    was --truncate-fewshot, at 0-shot, which only led to a second refusal)."""
+    from localleap_jax.commands import eval_gsm8k
+
+    words = next(w for page in PAGES for w in command_lines(text_of(page)) if "--data" in w and "--limit" in w
+                 and w[w.index("--data") + 1].endswith("gsm8k/test.jsonl"))
+    data, limit = REPO / words[words.index("--data") + 1], int(words[words.index("--limit") + 1])
+    if not data.is_file():
+        pytest.skip(f"{data} is not beside this checkout")
+    out = tmp_path / "out"
+    assert eval_gsm8k.main(["--data", str(data), "--limit", "50", "--output", str(out)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(r"error: 1 of 50 prompts are longer than the 432 tokens .*; 0-shot: there is no few-shot example "
+                        r"to drop, and its question alone is too long: --limit (\d+) evaluates the problems before "
+                        r"the first of them \(problem \1\); or --gen-length 16 leaves room .*", error), error
+    assert "--truncate-fewshot" not in error and limit <= int(re.search(r"--limit (\d+)", error).group(1))
+    assert not out.exists()  # refused before anything was written
