@@ -86,9 +86,7 @@ def evaluate_once(model, cfg, key: dict, cache: Path, settings: EvalSettings, ta
                                           use_cache=str(cache), log_samples=True, bootstrap_iters=0,
                                           random_seed=settings.seed)
     except PromptTooLongError as e:
-        fix = ("even with every few-shot example dropped; lower --gen-length" if e.truncating else
-               "pass --truncate-fewshot to drop few-shot examples, or lower --num-fewshot or --gen-length")
-        raise UserError(f"{e.summary}; {fix}") from None
+        raise UserError(f"{e.summary}; {prompt_fix(e, settings)}") from None
     except USER_ERRORS as e:
         raise UserError(str(e)) from None
     except (ConnectionError, OSError, FileNotFoundError) as e:
@@ -97,6 +95,26 @@ def evaluate_once(model, cfg, key: dict, cache: Path, settings: EvalSettings, ta
                             f"--data FILE.jsonl (e.g. ../shared/data/gsm8k/test.jsonl)") from None
         raise
     return lm, res["samples"][task.name]
+
+
+def prompt_fix(e: PromptTooLongError, settings: EvalSettings) -> str:
+    """What to do about prompts too long for the model, as flags that lead to a run: truncation where it makes every
+    prompt fit; else the problems before the first whose question alone is too long, a shorter canvas (whole blocks),
+    or a longer window."""
+    if not e.bare:
+        return "pass --truncate-fewshot to drop few-shot examples, or lower --num-fewshot or --gen-length"
+    first, longest = e.bare[0][0], max(n for _, n in e.bare)
+    why = ("even with every few-shot example dropped," if e.truncating or settings.num_fewshot else
+           "0-shot: there is no few-shot example to drop, and")
+    alone = "its question alone is" if len(e.bare) == 1 else f"{len(e.bare)} questions alone are"
+    also = " --truncate-fewshot" if len(e.bare) < e.too_long and not e.truncating else ""  # it fits the others
+    ways = [f"--limit {first}{also} evaluates the problems before the first of them (problem {first})"] if first else []
+    room = e.max_sequence_length - longest
+    gen = room - room % settings.block_length  # the canvas is cut into whole blocks
+    if gen > 0:
+        ways.append(f"--gen-length {gen}{also} leaves room for the longest ({longest} tokens)")
+    ways.append(f"a model with a window longer than {e.max_sequence_length} tokens holds them")
+    return f"{why} {alone} too long: " + "; or ".join(ways)
 
 
 def forget_answers(lm, samples: list[dict]) -> None:

@@ -18,8 +18,12 @@ class PromptTooLongError(LocalLeapError, ValueError):
     """Prompts that do not fit beside the generation canvas; refused before anything is generated."""
 
     def __init__(self, too_long: int, total: int, excess: int, room: int, max_sequence_length: int,
-                 gen_length: int, truncating: bool):
+                 gen_length: int, truncating: bool, bare: tuple[tuple[int, int], ...] = ()):
         self.truncating = truncating  # few-shot examples were already dropped where they could be
+        # (document id, tokens) of each over-long prompt that stays too long with every few-shot example dropped:
+        # for these only a shorter canvas, fewer problems or a longer window helps (empty: truncation would do)
+        self.bare = bare
+        self.too_long, self.room, self.max_sequence_length = too_long, room, max_sequence_length
         self.summary = (f"{too_long} of {total} prompts are longer than the {room} tokens the model leaves for a "
                         f"prompt (max_sequence_length {max_sequence_length} - gen_length {gen_length}), by up to "
                         f"{excess} tokens")
@@ -110,6 +114,13 @@ def fit_all(requests, tokenizer: Tokenizer, chat: bool, truncate_fewshot: bool, 
                for i, r in enumerate(requests)]
     over = [len(p.ids) - room for p in prompts if len(p.ids) > room]
     if over:
+        bare = []  # the over-long prompts that no truncation of few-shot examples makes fit
+        for i, (r, p) in enumerate(zip(requests, prompts)):
+            if len(p.ids) > room:
+                alone = p if truncate_fewshot else fit(r, 0, tokenizer, chat, True, delimiter)  # room 0: drop all
+                if len(alone.ids) > room:
+                    doc_id = getattr(r, "doc_id", None)
+                    bare.append((i if doc_id is None else doc_id, len(alone.ids)))
         raise PromptTooLongError(len(over), len(prompts), max(over), room, max_sequence_length, gen_length,
-                                 truncate_fewshot)
+                                 truncate_fewshot, tuple(sorted(bare)))
     return prompts
