@@ -585,3 +585,15 @@ def test_the_command_line_takes_a_users_rule_by_name_and_refuses_its_old_answers
         assert re.fullmatch(r"error: the response cache \S+ holds answers of another setup \(decode\.rule_code "
                             r"differ\); use another --use_cache path", lines[-1]), lines[-3:]
         assert len(read_stats(tmp_path / "stats.jsonl")) == 2  # nothing generated
+
+
+def test_the_adapter_takes_the_checkpoints_own_canvas_unless_the_model_args_name_one():
+    """Issue #47: `--model_args checkpoint=embedded,...` decoded at the papers' gen 256 / block 32, where the embedded
+    model's manifest says gen 64 / block 16 (eval_gsm8k.py reads it): every prompt of the README's command was too
+    long. The adapter reads the manifest too; what the model arguments name wins."""
+    own = LocalLeapLM(checkpoint="embedded", compile_cache=False, progress=False)
+    assert (own.cfg.gen_length, own.cfg.block_length) == (64, 16)
+    given = LocalLeapLM(model=own.model, checkpoint="embedded", gen_length=32, compile_cache=False, progress=False)
+    assert (given.cfg.gen_length, given.cfg.block_length) == (32, 32)  # a model passed in: no manifest read
+    chain = LocalLeapLM(checkpoint="embedded-chain", block_length=8, compile_cache=False, progress=False)
+    assert (chain.cfg.gen_length, chain.cfg.block_length) == (80, 8)  # its own gen 80; the block given

@@ -321,6 +321,16 @@ def check_gen_length(cfg: DecodeConfig, max_sequence_length: int) -> None:
         raise ModelArgsError(str(e)) from None
 
 
+def with_checkpoint_defaults(cfg: DecodeConfig, path, given: dict[str, Any]) -> DecodeConfig:
+    """`cfg` with the checkpoint's own evaluation canvas (its manifest's `eval_defaults`: the embedded models' gen 64,
+    block 16) where the model arguments name none, as `eval_gsm8k.py` reads it; the papers' canvas otherwise."""
+    from localleap_jax.checkpoint import read_manifest
+
+    own = read_manifest(path).get("eval_defaults", {})
+    canvas = {k: own[k] for k in ("gen_length", "block_length") if k in own and k not in given}
+    return dataclasses.replace(cfg, **canvas) if canvas else cfg
+
+
 def fit_to_model(cfg: DecodeConfig, config, given: dict[str, Any]) -> DecodeConfig:
     """The DecodeConfig for the model (its ModelConfig: the loaded model's, or its config.json's before any weight
     is read): what the model fixes of the canvas and was not given (`decode.model_canvas`: a block-diffusion

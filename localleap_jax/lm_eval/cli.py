@@ -16,7 +16,7 @@ from localleap_jax.decode import DecodeConfig, DecodeError
 from localleap_jax.dist.multihost import leading
 from localleap_jax.errors import LocalLeapError, UserError
 from localleap_jax.lm_eval.args import (ModelArgsError, check_gen_length, fit_to_model, parse_model_args,
-                                       refuse_python_only)
+                                       refuse_python_only, with_checkpoint_defaults)
 from localleap_jax.lm_eval.devices import follow, join_and_mesh, processes_of
 from localleap_jax.lm_eval.identity import CacheMismatchError, check_response_cache, response_cache_file
 from localleap_jax.lm_eval.prompts import PromptTooLongError
@@ -45,7 +45,7 @@ def check_checkpoint(settings: dict, cfg: DecodeConfig, given: dict | None = Non
     except ConfigError as e:
         raise CheckpointError(f"{path}: {e}") from None
     if given is not None:
-        cfg = fit_to_model(cfg, config, given)
+        cfg = fit_to_model(with_checkpoint_defaults(cfg, path, given), config, given)
     check_gen_length(cfg, config.max_sequence_length)
 
 

@@ -48,7 +48,7 @@ from localleap_jax.decode import DecodeConfig, DecodeError
 from localleap_jax.decode.progress import rows_finished
 from localleap_jax.dist.multihost import leader
 from localleap_jax.lm_eval.args import (check_batching, check_gen_length, default_dtype, fit_to_model,
-                                       parse_model_args, refuse_python_only)
+                                       parse_model_args, refuse_python_only, with_checkpoint_defaults)
 from localleap_jax.lm_eval.devices import join_and_mesh
 from localleap_jax.lm_eval.identity import answers_key, claim_cache, forget_missing_answers
 from localleap_jax.lm_eval.prompts import Prompt, cut_at_until, fit_all
@@ -126,6 +126,7 @@ class LocalLeapLM(LM):
             dtype = settings["dtype"]
             path = resolve_checkpoint(settings["checkpoint"])
             if (path / "config.json").is_file():  # the settings fitted to the model before any weight is read
+                self.cfg = with_checkpoint_defaults(self.cfg, path, model_args)
                 fit_to_model(self.cfg, read_config_file(path / "config.json"), given=model_args)
             model = leader().load(path, dtype=default_dtype() if dtype == "auto" else dtype, mesh=self.mesh)
         self.cfg = fit_to_model(self.cfg, model.config, given=model_args)
