@@ -369,7 +369,10 @@ def test_over_long_prompts_are_refused_before_anything_is_generated(embedded):
         lm.generate_until(_ask(QUESTION, *long_ones))
     assert str(e.value).startswith(f"2 of 3 prompts are longer than the 448 tokens the model leaves for a prompt "
                                    f"(max_sequence_length 512 - gen_length 64), by up to {max(over)} tokens; "
-                                   "pass truncate_fewshot=True")
+                                   "2 of them stay too long with every few-shot example dropped")
+    # no few-shot text to drop, and longer than the whole window: the advice is what would help (issue #47)
+    assert "truncate_fewshot" not in str(e.value) and str(e.value).endswith(
+        "(up to 2831 tokens): leave those documents out (--limit), or use a model with a longer window")
     assert lm.model_calls == 0
 
 

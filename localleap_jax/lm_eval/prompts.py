@@ -27,11 +27,21 @@ class PromptTooLongError(LocalLeapError, ValueError):
         self.summary = (f"{too_long} of {total} prompts are longer than the {room} tokens the model leaves for a "
                         f"prompt (max_sequence_length {max_sequence_length} - gen_length {gen_length}), by up to "
                         f"{excess} tokens")
-        super().__init__(f"{self.summary}; " + (
-            "truncate_fewshot could not make them fit (the question alone is too long, or lm-eval chat-formatted "
-            "the prompt, which leaves no few-shot text to cut): lower gen_length" if truncating else
-            "pass truncate_fewshot=True in --model_args to drop few-shot examples, or lower --num_fewshot or "
-            "gen_length"))
+        if truncating:
+            advice = ("truncate_fewshot could not make them fit (the question alone is too long, or lm-eval "
+                      "chat-formatted the prompt, which leaves no few-shot text to cut): lower gen_length")
+        elif bare:  # dropping few-shot examples would not be enough for these: say what is
+            longest = max(n for _, n in bare)
+            room_left = max_sequence_length - longest
+            advice = (f"{len(bare)} of them stay too long with every few-shot example dropped (up to {longest} "
+                      f"tokens): " + (f"gen_length={room_left} or less in --model_args leaves them room, or "
+                                      if room_left > 0 else "")
+                      + "leave those documents out (--limit), or use a model with a longer window"
+                      + ("; truncate_fewshot=True fits the others" if len(bare) < too_long else ""))
+        else:
+            advice = ("pass truncate_fewshot=True in --model_args to drop few-shot examples, or lower --num_fewshot "
+                      "or gen_length")
+        super().__init__(f"{self.summary}; {advice}")
 
 
 @dataclasses.dataclass(frozen=True)
