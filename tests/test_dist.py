@@ -222,7 +222,7 @@ def test_every_mesh_decodes_exactly_as_one_device(eight_devices):
     res = eight_devices
     for case in res["cases"]:
         assert case["tokens"] and case["nfe"] and case["shape"][0] == 7, case
-    assert len(res["cases"]) == 2 * 4 + 2 * 2
+    assert len(res["cases"]) == 2 * 3 + 2 * 2  # localleap on three meshes, the schedule's rule on two; two caches each
     assert all(len(s) > 1 for s in res["nfe_spread"][:2])  # localleap: rows finish at different passes (the per-shard loop matters)
 
 

@@ -255,7 +255,9 @@ def test_llada2_on_meshes_with_an_expert_axis_equals_one_device(llada2, tokenize
     _, _, out = llada2
     V, mask_id, eos_id = _ids(tokenizer)
     ids, mask = _batch(V, [7, 3], seed=11, avoid=(mask_id, eos_id))
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    # (the suite's quick-compile XLA flags kept beside the device count: without them this compiles twice as long)
+    flags = f"--xla_force_host_platform_device_count=8 {os.environ.get('XLA_FLAGS', '')}".strip()
+    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     run = subprocess.run([sys.executable, "-c", EXPERT_MESHES, str(out), json.dumps(ids.tolist()),
                           json.dumps(mask.tolist())], capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
