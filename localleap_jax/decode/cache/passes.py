@@ -3,11 +3,10 @@ of each row's positions (gathered, of static capacity), and the layer loop over 
 field's caches run (with the attention probabilities, when a policy declares it needs them).
 
 Per-row refreshes without paying for the batch: a pass where some rows refresh (run the whole canvas) and the others
-take their cached pass runs the whole canvas only for the refreshing rows, gathered into `lanes` (a quarter of the
-batch when they fit there, else all of it: `lane_sizes`, a `lax.switch` over those sizes), and the cached pass for
-the others. No row waits
-for a lane, so a row's passes are those it takes alone, and a pass where few rows refresh pays a quarter of the
-batch's full pass, not all of it.
+take their cached pass runs the whole canvas only for the refreshing rows, gathered into `lanes` (1, 2, 4, ... B of
+them: the fewest that hold them, `lane_sizes`, a `lax.switch` over those sizes), and the cached pass for the others. No row waits
+for a lane, so a row's passes are those it takes alone, and the batch pays one full pass per refreshing row, not per
+row of the batch.
 
 Shapes are static, so a pass over a subset of positions runs at one of a few capacities (`capacities`: from the block
 length up to the canvas, at most `MAX_WIDTHS` of them), the smallest that holds every row's subset; the unused slots
@@ -33,11 +32,15 @@ MAX_WIDTHS = 5  # capacities of a subset pass (each a compiled copy of the trunk
 
 
 def lane_sizes(batch: int) -> tuple[int, ...]:
-    """The lane counts a refreshing pass can take: a quarter of the batch (rounded up) for the passes where few rows
-    refresh, else the whole batch. Each size is a compiled copy of the whole-canvas pass, so there are two (one
-    below a batch of 4): 1, 2, 4, ... B would save a little more run time for twice the compile time."""
-    few = -(-batch // 4)
-    return (few, batch) if batch >= 4 else (batch,)
+    """The lane counts a refreshing pass can take: 1, 2, 4, ... up to the batch (the batch itself last). Each size is
+    a compiled copy of the whole-canvas pass: fewer sizes compile faster (a quarter of the batch or all of it: 60% of
+    the compile time at B=8) but lose what slots gain under a cache (measured with bench_slots: threshold under
+    dual 0.80x the fixed batches' tokens/s with those two sizes)."""
+    sizes, r = [], 1
+    while r < batch:
+        sizes.append(r)
+        r *= 2
+    return tuple(sizes) + (batch,)
 
 
 def capacities(length: int, smallest: int) -> tuple[int, ...]:
