@@ -363,11 +363,17 @@ def _trip_count(instr: Instruction) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _constant(comp: Computation, name: str) -> int | None:
-    """The integer value of a scalar constant (through copies and converts), or None."""
+def _through_copies(comp: Computation, name: str) -> Instruction | None:
+    """The instruction `name` is a copy, convert or bitcast of (itself when none), or None."""
     instr = comp.by_name.get(name)
     while instr is not None and instr.opcode in ("copy", "convert", "bitcast") and instr.operands:
         instr = comp.by_name.get(instr.operands[0])
+    return instr
+
+
+def _constant(comp: Computation, name: str) -> int | None:
+    """The integer value of a scalar constant (through copies and converts), or None."""
+    instr = _through_copies(comp, name)
     if instr is None or instr.opcode != "constant":
         return None
     m = re.fullmatch(r"\s*(-?\d+)\s*", instr.attrs["_args"])
@@ -376,9 +382,7 @@ def _constant(comp: Computation, name: str) -> int | None:
 
 def _tuple_index(comp: Computation, name: str) -> int | None:
     """i when `name` is element i of the computation's tuple parameter (through copies and converts), else None."""
-    instr = comp.by_name.get(name)
-    while instr is not None and instr.opcode in ("copy", "convert", "bitcast") and instr.operands:
-        instr = comp.by_name.get(instr.operands[0])
+    instr = _through_copies(comp, name)
     if instr is None or instr.opcode != "get-tuple-element":
         return None
     source = comp.by_name.get(instr.operands[0])
