@@ -125,34 +125,8 @@ def tuple_elements(shape: str) -> list[str]:
 # ---------------------------------------------------------------- parsing
 
 
-def _split_top(text: str, sep: str = ",") -> list[str]:
-    """Split at `sep` outside brackets, braces, parentheses and quotes."""
-    parts, depth, quote, start = [], 0, False, 0
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == '"':
-                quote = False
-        elif c == '"':
-            quote = True
-        elif c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == sep and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-        i += 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
-
-
-def _matching(text: str, start: int) -> int:
-    """Index just past the bracket that closes the one at `start`."""
-    pairs = {"(": ")", "{": "}", "[": "]"}
+def _unquoted(text: str, start: int = 0):
+    """(index, character, bracket depth after it) of each character of `text` from `start` outside double quotes."""
     depth, quote, i = 0, False, start
     while i < len(text):
         c = text[i]
@@ -163,13 +137,28 @@ def _matching(text: str, start: int) -> int:
                 quote = False
         elif c == '"':
             quote = True
-        elif c in pairs:
-            depth += 1
-        elif c in ")}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
+        else:
+            depth += (c in "([{") - (c in ")]}")
+            yield i, c, depth
         i += 1
+
+
+def _split_top(text: str, sep: str = ",") -> list[str]:
+    """Split at `sep` outside brackets, braces, parentheses and quotes."""
+    parts, start = [], 0
+    for i, c, depth in _unquoted(text):
+        if c == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _matching(text: str, start: int) -> int:
+    """Index just past the bracket that closes the one at `start`."""
+    for i, c, depth in _unquoted(text, start):
+        if c in ")}]" and depth == 0:
+            return i + 1
     raise ValueError(f"unbalanced brackets in HLO text: {text[start:start + 80]!r}")
 
 
